@@ -1,0 +1,209 @@
+"""The EAGLE-3 draft contract: what a draft needs from whoever runs it, independent of file format.
+
+Every reader in `eyas.formats` converts a checkpoint's config into a `DraftContract`; every writer
+converts out of it. Everything else in eyas (drafter, target capture, eval, decode, doctor) reads
+only this dataclass.
+
+`capture_layers` has ONE meaning everywhere in eyas: index k is the residual stream ENTERING target
+decoder layer k (0-based), i.e. Hugging Face `output_hidden_states[k]`, where index 0 is the
+embeddings. This is vLLM's and the original EAGLE code's convention (reference: speculators-and-vllm
+§4.6). Engines that use "output of layer i" ids (SpecForge, SGLang's +1 rule) are converted at the
+format boundary, never here.
+
+Canonical tensor names follow speculators (`layers.{i}.*`); the only other on-disk naming, the
+original EAGLE `midlayer.*`, is one rename rule in `eyas.weights`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from eyas.errors import ContractError
+
+LAYER_TYPES = ("llama", "qwen3")
+DEFAULT_ROPE_THETA = 10000.0  # what every engine builds when a draft config names no rope theta
+
+
+def default_capture_layers(num_target_layers: int) -> tuple[int, ...]:
+    """The engines' fallback when a draft names no layers: inputs of layers 2, N//2 and N-3."""
+    n = num_target_layers
+    return (2, n // 2, n - 3)
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """The target ("verifier") the draft was trained against, as far as the checkpoint says."""
+
+    name_or_path: str | None = None
+    architectures: tuple[str, ...] = ()
+    num_hidden_layers: int | None = None  # known only from a verifier config or a target
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+
+
+@dataclass(frozen=True)
+class DraftContract:
+    """Everything a drafter needs, in eyas's own conventions. Build with keywords."""
+
+    # --- the draft decoder (one Llama or Qwen3 layer, attention input 2H on layer 0) ---
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the TARGET's vocabulary: embed_tokens rows, t2d length
+    draft_vocab_size: int  # lm_head rows; < vocab_size needs d2t/t2d
+    target_hidden_size: int  # width of each captured target state
+    capture_layers: tuple[int, ...] | None  # None: the checkpoint names none (engines guess)
+    num_hidden_layers: int = 1
+    rms_norm_eps: float = 1e-6
+    rope_theta: float | None = None  # None: the config names none; engines then use 10000
+    rope_scaling: dict[str, Any] | None = None  # HF rope_scaling dict (rope_type, factor, ...)
+    max_position_embeddings: int = 2048
+    layer_type: str = "llama"  # "qwen3" adds q_norm/k_norm
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    # --- norm flags (engine defaults differ: always written explicitly) ---
+    norm_before_residual: bool = False  # residual = hidden_norm(h) instead of raw h
+    norm_before_fc: bool = False  # one RMSNorm (input_norm) over the concatenated features
+    fc_norm: bool = False  # one RMSNorm per captured chunk (fc_norm.{i}), EAGLE-3.1
+    norm_output: bool = False  # next step gets norm(out) instead of pre-norm out, EAGLE-3.1
+    # --- what the checkpoint carries ---
+    has_embeddings: bool = False  # False: the target's embed_tokens are shared
+    has_vocab_map: bool = False  # d2t and t2d present
+    num_aux_layers: int | None = None  # chunks fc reads; defaults to len(capture_layers)
+    verifier: Verifier = field(default_factory=Verifier)
+
+    def __post_init__(self) -> None:
+        if self.capture_layers is not None:
+            object.__setattr__(self, "capture_layers", tuple(int(k) for k in self.capture_layers))
+            if self.num_aux_layers is None:
+                object.__setattr__(self, "num_aux_layers", len(self.capture_layers))
+            elif self.num_aux_layers != len(self.capture_layers):
+                raise ContractError(
+                    f"capture_layers {list(self.capture_layers)} names {len(self.capture_layers)} "
+                    f"layers but fc reads {self.num_aux_layers} chunks",
+                    "make the layer ids match the width of fc.weight",
+                )
+        if self.num_aux_layers is None:
+            object.__setattr__(self, "num_aux_layers", 3)
+        if self.layer_type not in LAYER_TYPES:
+            raise ContractError(
+                f"layer type {self.layer_type!r} is not supported",
+                f"use one of {', '.join(LAYER_TYPES)}",
+            )
+        if self.norm_before_fc and self.fc_norm:
+            raise ContractError(
+                "norm_before_fc and fc_norm are both set; a draft has at most one feature norm",
+                "set one of them to false",
+            )
+        if self.draft_vocab_size > self.vocab_size:
+            raise ContractError(
+                f"draft_vocab_size {self.draft_vocab_size} exceeds the target vocab {self.vocab_size}",
+                "draft_vocab_size must be <= vocab_size (the target's)",
+            )
+
+    # --- derived facts, in one place ---
+    @property
+    def reduced_vocab(self) -> bool:
+        """True when the draft predicts a subset of the target vocab (then d2t/t2d are required)."""
+        return self.draft_vocab_size < self.vocab_size
+
+    @property
+    def rope_base(self) -> float:
+        """The rope theta a drafter actually uses: engines build 10000 when none is named."""
+        return DEFAULT_ROPE_THETA if self.rope_theta is None else float(self.rope_theta)
+
+    @property
+    def fc_in_features(self) -> int:
+        return self.num_aux_layers * self.target_hidden_size
+
+    def replace(self, **changes: Any) -> DraftContract:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the field names above (capture_layers as a list)."""
+        d = dataclasses.asdict(self)
+        d["capture_layers"] = None if self.capture_layers is None else list(self.capture_layers)
+        d["verifier"]["architectures"] = list(self.verifier.architectures)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DraftContract:
+        d = dict(d)
+        v = dict(d.pop("verifier", None) or {})
+        v["architectures"] = tuple(v.get("architectures") or ())
+        return cls(**d, verifier=Verifier(**v))
+
+
+def expected_shapes(c: DraftContract) -> dict[str, tuple[int, ...]]:
+    """Canonical tensor name -> shape for a checkpoint that satisfies `c`.
+
+    Optional tensors appear only when the contract says they exist (embeddings, vocab map,
+    input_norm, fc_norm, q/k norms). Layer 0 reads cat(embedding, hidden): q/k/v take 2H.
+    """
+    H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
+    q_out, kv_out = c.num_attention_heads * D, c.num_key_value_heads * D
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, c.fc_in_features)}
+    if c.has_embeddings:
+        shapes["embed_tokens.weight"] = (c.vocab_size, H)
+    if c.norm_before_fc:
+        shapes["input_norm.weight"] = (c.fc_in_features,)
+    if c.fc_norm:
+        for i in range(c.num_aux_layers):
+            shapes[f"fc_norm.{i}.weight"] = (c.target_hidden_size,)
+    for i in range(c.num_hidden_layers):
+        p = f"layers.{i}."
+        attn_in = 2 * H if i == 0 else H
+        shapes[p + "self_attn.q_proj.weight"] = (q_out, attn_in)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_out, attn_in)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_out, attn_in)
+        shapes[p + "self_attn.o_proj.weight"] = (H, q_out)
+        if c.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
+        if c.layer_type == "qwen3":
+            shapes[p + "self_attn.q_norm.weight"] = (D,)
+            shapes[p + "self_attn.k_norm.weight"] = (D,)
+        shapes[p + "input_layernorm.weight"] = (H,)
+        if i == 0:
+            shapes[p + "hidden_norm.weight"] = (H,)
+        shapes[p + "post_attention_layernorm.weight"] = (H,)
+        shapes[p + "mlp.gate_proj.weight"] = (I, H)
+        shapes[p + "mlp.up_proj.weight"] = (I, H)
+        shapes[p + "mlp.down_proj.weight"] = (H, I)
+    shapes["norm.weight"] = (H,)
+    shapes["lm_head.weight"] = (c.draft_vocab_size, H)
+    if c.has_vocab_map:
+        shapes["d2t"] = (c.draft_vocab_size,)  # int64 offsets: target_id = draft_id + d2t[draft_id]
+        shapes["t2d"] = (c.vocab_size,)  # bool mask over the target vocab, draft_vocab_size true
+    return shapes
+
+
+def check_capture_layers(c: DraftContract, num_target_layers: int) -> list[str]:
+    """Problems with `capture_layers` against a target of `num_target_layers` decoder layers.
+
+    Index N (the last layer's output, before the final norm) is a valid capture point; beyond
+    that nothing exists.
+    """
+    if c.capture_layers is None:
+        return [
+            "capture_layers are not recorded: engines fall back to "
+            f"{list(default_capture_layers(num_target_layers))}, which may not be what the draft was trained on"
+        ]
+    bad = [k for k in c.capture_layers if not 0 <= k <= num_target_layers]
+    problems = []
+    if bad:
+        problems.append(
+            f"capture_layers {list(c.capture_layers)}: {bad} outside the target's "
+            f"0..{num_target_layers} (it has {num_target_layers} decoder layers)"
+        )
+    if list(c.capture_layers) != sorted(set(c.capture_layers)):
+        problems.append(
+            f"capture_layers {list(c.capture_layers)} are not strictly increasing: "
+            "features are concatenated in this order, check it is the order the draft was trained on"
+        )
+    return problems

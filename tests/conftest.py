@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny random EAGLE-3 drafts built in memory (no binary fixtures in the repo)."""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.contract import DraftContract, Verifier, expected_shapes
+
+TINY_TARGET_LAYERS = 6
+
+
+def tiny_contract(**overrides) -> DraftContract:
+    """A tiny draft: hidden 64, 4 heads (2 kv), vocab 256 with a 64-token draft vocab."""
+    base = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=256,
+        draft_vocab_size=64,
+        target_hidden_size=64,
+        capture_layers=(1, 3, 4),
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        has_vocab_map=True,
+        verifier=Verifier(
+            name_or_path="tiny/target",
+            architectures=("LlamaForCausalLM",),
+            num_hidden_layers=TINY_TARGET_LAYERS,
+            hidden_size=64,
+            vocab_size=256,
+        ),
+    )
+    base.update(overrides)
+    if base["draft_vocab_size"] == base["vocab_size"] and "has_vocab_map" not in overrides:
+        base["has_vocab_map"] = False
+    return DraftContract(**base)
+
+
+def random_tensors(c: DraftContract, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random fp32 weights with every shape the contract expects, and a valid vocab map."""
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in expected_shapes(c).items():
+        if name == "d2t":
+            used = torch.randperm(c.vocab_size, generator=g)[: c.draft_vocab_size].sort().values
+            out["d2t"] = used - torch.arange(c.draft_vocab_size)
+            t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+            t2d[used] = True
+            out["t2d"] = t2d
+        elif name == "t2d":
+            continue
+        elif "norm" in name:
+            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            out[name] = 0.05 * torch.randn(shape, generator=g)
+    return out
