@@ -222,6 +222,96 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+# --- init ---------------------------------------------------------------------------------------
+
+
+def _layers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise EyasError(f"--capture-layers {text!r} is not a comma-separated list of integers",
+                        "write e.g. --capture-layers 2,15,27") from None
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from eyas.contract import contract_for_target
+    from eyas.drafter import Drafter
+    from eyas.evaluate import _target_name
+    from eyas.formats import write_checkpoint
+    from eyas.target import load_target_embeddings, target_config
+
+    contract = contract_for_target(target_config(args.target), capture_layers=_layers(args.capture_layers),
+                                   name=_target_name(args.target))
+    drafter = Drafter(contract, embed_tokens=load_target_embeddings(args.target)).init_weights(args.seed)
+    path = write_checkpoint(args.dst, contract, drafter.state_dict(), args.format, force=args.force)
+    if args.json:
+        _print_json({"path": str(path), "format": args.format, "contract": contract.to_dict()})
+    else:
+        print(f"wrote {path} ({args.format}): a random draft for {contract.verifier.name_or_path}, "
+              f"capture layers {list(contract.capture_layers)}")
+    return 0
+
+
+# --- capture ------------------------------------------------------------------------------------
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    import torch
+
+    from eyas.contract import default_capture_layers
+    from eyas.data import capture, read_prompts
+    from eyas.target import Target
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    target = Target.load(args.target, dtype=dtype)
+    layers = _layers(args.capture_layers) or default_capture_layers(target.num_layers)
+    manifest = capture(target, read_prompts(args.prompts, limit=args.limit), layers, args.out,
+                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
+                       do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
+                       seed=args.seed, skip_long=args.skip_long)
+    if args.json:
+        _print_json(manifest)
+    else:
+        print(f"wrote {args.out}: {manifest['counts']}")
+    return 0
+
+
+# --- eval ---------------------------------------------------------------------------------------
+
+
+def format_eval(rep: dict[str, Any]) -> str:
+    """The eval table: per-depth acceptance, chain tau by k, tree tau, coverage."""
+    lines = [f"{rep['drafter']} on {rep['target']} (capture layers {rep['capture_layers']}): "
+             f"{rep['tokens']} positions, draft-vocab coverage {rep['coverage']:.3f}",
+             "depth  acceptance  positions   |  k  tau_chain"]
+    taus = sorted(rep["tau_chain"].items(), key=lambda kv: int(kv[0]))
+    for j, (acc, n) in enumerate(zip(rep["acceptance_by_depth"], rep["depth_counts"])):
+        k, tau = taus[j]
+        lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
+    t = rep["tau_tree"]
+    lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
+    return "\n".join(lines)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from eyas.evaluate import evaluate, plot_report
+
+    if args.data and args.prompts:
+        raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
+    rep = evaluate(args.drafter, data=args.data, prompts=args.prompts, target=args.target, limit=args.limit,
+                   max_new_tokens=args.max_new_tokens, depth=args.depth, tree_top_k=args.tree_top_k,
+                   tree_depth=args.tree_depth, layer_convention=args.layer_convention,
+                   dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
+    if args.plot:
+        plot_report(rep, args.plot)
+    print(json.dumps(rep, indent=2) if args.json else format_eval(rep))
+    return 0
+
+
 # --- parser -------------------------------------------------------------------------------------
 
 _EXAMPLES = {
@@ -237,6 +327,16 @@ _EXAMPLES = {
   eyas check ./EAGLE3-LLaMA3.1-Instruct-8B --target ./Llama-3.1-8B-Instruct
   eyas check ./draft --target ./target/config.json --json
   eyas check ./draft/config.json""",
+    "init": """examples:
+  eyas init ./smollm2-draft
+  eyas init ./my-draft --target ./Llama-3.2-1B-Instruct --capture-layers 2,8,13 --format speculators""",
+    "capture": """examples:
+  eyas capture --prompts sharegpt --limit 2000 --out ./shards
+  eyas capture --target ./my-target --prompts prompts.jsonl --out ./shards --capture-layers 2,8,13""",
+    "eval": """examples:
+  eyas eval ./draft --prompts mtbench --limit 10
+  eyas eval ./draft --data ./shards --json
+  eyas eval ./draft --target ./my-target --prompts prompts.jsonl --plot acceptance.png""",
 }
 
 
@@ -300,6 +400,46 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("check", cmd_check, "every problem with a draft, offline; exit 0 clean, 1 problems, 2 unreadable")
     p.add_argument("path", help="a draft folder, or a single draft config .json")
     p.add_argument("--target", metavar="DIR_OR_CONFIG", help="the target's folder or config.json (never downloaded)")
+    _add_reading(p)
+
+    target_help = "the target's folder (default: the embedded SmolLM2-135M-Instruct)"
+    p = command("init", cmd_init, "write a fresh (random) draft whose contract fits a target")
+    p.add_argument("dst", help="the folder to write")
+    p.add_argument("--target", metavar="DIR", help=target_help)
+    p.add_argument("--capture-layers", metavar="K,K,K", help="capture indices (default: 2, N//2, N-3)")
+    p.add_argument("--format", choices=("speculators", "eagle", "both"), default="both")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    p = command("capture", cmd_capture, "answer prompts with the target and store its features as shards")
+    p.add_argument("--prompts", default="sharegpt",
+                   help="a prompt file (.json/.jsonl ShareGPT or {prompt}, or text lines), or sharegpt / mtbench")
+    p.add_argument("--out", required=True, help="the shard folder (resumable: finished shards are kept)")
+    p.add_argument("--target", metavar="DIR", help=target_help)
+    p.add_argument("--capture-layers", metavar="K,K,K", help="capture indices (default: 2, N//2, N-3)")
+    p.add_argument("--limit", type=int, help="use the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-long", action="store_true", help="skip prompts that do not fit instead of failing")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
+
+    p = command("eval", cmd_eval, "measure a draft standalone: per-depth acceptance, chain and tree tau, coverage")
+    p.add_argument("drafter", help="the draft folder (any format)")
+    p.add_argument("--data", metavar="SHARDS", help="a capture folder (eyas capture)")
+    p.add_argument("--prompts", help="a prompt file, or mtbench (default when --data is not given)")
+    p.add_argument("--target", metavar="DIR", help=target_help)
+    p.add_argument("--limit", type=int, help="use the first N prompts or samples")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--depth", type=int, default=8, help="draft depths to measure (tau for k = 1..depth)")
+    p.add_argument("--tree-top-k", type=int, default=4)
+    p.add_argument("--tree-depth", type=int, default=5)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")
     _add_reading(p)
     return parser
 

@@ -165,6 +165,7 @@ def expected_shapes(c: DraftContract) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_proj.bias"] = (q_out,)
             shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
             shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
+            shapes[p + "self_attn.o_proj.bias"] = (H,)  # HF Llama/Qwen3 bias every projection
         if c.layer_type == "qwen3":
             shapes[p + "self_attn.q_norm.weight"] = (D,)
             shapes[p + "self_attn.k_norm.weight"] = (D,)
@@ -207,3 +208,55 @@ def check_capture_layers(c: DraftContract, num_target_layers: int) -> list[str]:
             "features are concatenated in this order, check it is the order the draft was trained on"
         )
     return problems
+
+
+def contract_for_target(
+    cfg: dict[str, Any],
+    *,
+    capture_layers: tuple[int, ...] | None = None,
+    draft_vocab_size: int | None = None,
+    name: str | None = None,
+) -> DraftContract:
+    """A draft contract that mirrors a target's decoder layer (as speculators' trainer does).
+
+    cfg: the target's config.json. capture_layers default to the engines' (2, N//2, N-3), so a
+    draft trained with eyas is wired the same way whether or not a consumer reads its ids.
+    draft_vocab_size default: the full target vocab (no vocab map).
+    """
+    from eyas.formats import target_facts  # formats imports this module
+
+    f = target_facts(cfg)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    N, H, V = f["num_hidden_layers"], f["hidden_size"], f["vocab_size"]
+    heads = text["num_attention_heads"]
+    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    scaling = text.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        scaling = None
+    vd = V if draft_vocab_size is None else draft_vocab_size
+    return DraftContract(
+        hidden_size=H,
+        num_attention_heads=heads,
+        num_key_value_heads=text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or H // heads,
+        intermediate_size=text["intermediate_size"],
+        vocab_size=V,
+        draft_vocab_size=vd,
+        target_hidden_size=H,
+        capture_layers=tuple(capture_layers) if capture_layers is not None else default_capture_layers(N),
+        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+        rope_theta=f["rope_theta"],
+        rope_scaling=scaling,
+        max_position_embeddings=f["max_position_embeddings"] or 2048,
+        layer_type="qwen3" if text.get("model_type", "").startswith("qwen3") else "llama",
+        hidden_act=text.get("hidden_act", "silu"),
+        attention_bias=bool(text.get("attention_bias", False)),
+        has_vocab_map=vd < V,
+        verifier=Verifier(
+            name_or_path=name or f["name_or_path"],
+            architectures=f["architectures"],
+            num_hidden_layers=N,
+            hidden_size=H,
+            vocab_size=V,
+        ),
+    )

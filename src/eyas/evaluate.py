@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from eyas.errors import EyasError
+
 
 def chain_truth(input_ids: torch.Tensor, greedy: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Ground truth and validity for chains of `depth` draft tokens from every position.
@@ -81,3 +83,147 @@ def tree_tau(topk_ids: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor, d
     accepted = torch.cummin(hit.int(), dim=1).values
     rows = valid[:, depth - 1]
     return float(1 + accepted[rows].sum(1).float().mean()) if rows.any() else float("nan")
+
+
+def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int) -> dict:
+    """Teacher-forced draft predictions and target ground truth for one unshifted sample.
+
+    Chains start at every position whose given token x_{t+1} is part of the answer (loss_mask),
+    i.e. the states decoding actually visits; prompt positions are not decoding states.
+    Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth],
+    and in_vocab [N] (the depth-1 truth is in the draft vocab).
+    """
+    from eyas.data import shift_for_draft  # the one label shift
+
+    ids = sample["input_ids"]  # [T]
+    # y_s = the target's greedy token after x_0..x_s, from the stored final-normed state
+    greedy = (sample["last_hidden"].to(lm_head.dtype) @ lm_head.T).argmax(-1)  # [T, H] -> [T]
+    truth, valid = chain_truth(ids, greedy, depth)
+    s = shift_for_draft(sample)
+    dtype = next(drafter.parameters()).dtype
+    next_ids = torch.cat([ids[2:], ids.new_zeros(1)])  # teacher forcing: x_{t+2} at draft position t
+    steps = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth, next_ids=next_ids[None])
+    # depth x [1, T-1, Vd]
+    logits = torch.stack(steps, dim=2)[0]  # [T-1, depth, Vd]
+    topk = drafter.to_target_ids(logits.topk(min(top_k, logits.shape[-1]), dim=-1).indices)
+    starts = sample["loss_mask"][1:].bool()  # draft position t reads x_{t+1}
+    truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts]
+    if drafter.contract.has_vocab_map:
+        in_vocab = drafter.t2d[truth[:, 0]]
+    else:
+        in_vocab = torch.ones_like(truth[:, 0], dtype=torch.bool)
+    return {"pred": topk[starts][..., 0], "topk": topk[starts], "truth": truth, "valid": valid, "in_vocab": in_vocab}
+
+
+def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8, tree_top_k: int = 4,
+                     tree_depth: int = 5, progress=None) -> dict:
+    """Offline acceptance of `drafter` over captured samples (see the module docstring).
+
+    lm_head: the target's [V, H] output matrix (tied embeddings: the embedding matrix).
+    Returns a JSON-ready dict: tokens (chain starts evaluated), acceptance_by_depth, tau_chain
+    (k = "1".."depth"), tau_tree (a full top-k tree of tree_depth levels along the greedy path),
+    coverage (share of the target's next tokens inside the draft vocab), and the counts.
+    """
+    parts = []
+    with torch.inference_mode():
+        for sample in samples:
+            if int(sample["loss_mask"][1:].sum()) == 0:
+                continue
+            parts.append(sample_predictions(drafter, sample, lm_head, depth, tree_top_k))
+            if progress is not None:
+                progress(int(sample["loss_mask"][1:].sum()))
+    if not parts:
+        raise EyasError("no answer tokens to evaluate", "capture data with responses (loss_mask) first")
+    cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    chain = chain_acceptance(cat["pred"], cat["truth"], cat["valid"])
+    return {
+        "tokens": int(cat["truth"].shape[0]),
+        **chain,
+        "tau_tree": {"top_k": tree_top_k, "depth": tree_depth,
+                     "tau": tree_tau(cat["topk"], cat["truth"], cat["valid"], min(tree_depth, depth))},
+        "coverage": float(cat["in_vocab"].float().mean()),
+    }
+
+
+def evaluate(
+    drafter_path,
+    *,
+    data=None,
+    prompts=None,
+    target=None,
+    limit: int | None = None,
+    max_new_tokens: int = 256,
+    depth: int = 8,
+    tree_top_k: int = 4,
+    tree_depth: int = 5,
+    dtype: torch.dtype = torch.bfloat16,
+    layer_convention: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """`eyas eval`: load the draft, get features (stored shards, or prompts answered by the target
+    now), measure acceptance. Exactly one of `data` (a capture folder) or `prompts` (a prompt file,
+    or "mtbench") is used; `target` None is the embedded default.
+    """
+    import itertools
+    import sys
+    import tempfile
+
+    from tqdm import tqdm
+
+    from eyas.data import capture, open_shards, read_prompts
+    from eyas.drafter import Drafter
+    from eyas.target import Target, resolve_target, target_config, target_tensors
+
+    drafter = Drafter.load(drafter_path, target=target, layer_convention=layer_convention, dtype=dtype)
+    layers = drafter.contract.capture_layers
+    if layers is None:
+        from eyas.contract import default_capture_layers
+
+        layers = default_capture_layers(target_config(target)["num_hidden_layers"])
+        print(f"warning: {drafter_path} names no capture layers; using the engine default {list(layers)}",
+              file=sys.stderr)
+    lm_head = target_tensors(target, ["lm_head.weight"])["lm_head.weight"].to(dtype)
+    with tempfile.TemporaryDirectory(prefix="eyas-eval-") as tmp:
+        if data is None:
+            tgt = Target.load(target, dtype=dtype)
+            capture(tgt, read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
+                    max_new_tokens=max_new_tokens, dtype=dtype, progress=progress)
+            data = tmp
+        samples = open_shards(data, expect_capture_layers=list(layers), expect_target=_target_name(target))
+        bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
+        samples = itertools.islice(samples, limit) if limit else samples
+        report = evaluate_samples(drafter, samples, lm_head, depth=depth, tree_top_k=tree_top_k,
+                                  tree_depth=tree_depth, progress=bar.update)
+        bar.close()
+    report["drafter"] = str(drafter_path)
+    report["target"] = str(resolve_target(target))
+    report["capture_layers"] = list(layers)
+    return report
+
+
+def _target_name(target) -> str:
+    """The identity a capture manifest records for `target` (see eyas.target.Target.load)."""
+    from eyas.target import DEFAULT_SPECS, EMBEDDED_NAME, resolve_target
+
+    return EMBEDDED_NAME if target in DEFAULT_SPECS else str(resolve_target(target).resolve())
+
+
+def plot_report(report: dict, path) -> None:
+    """Acceptance by depth and chain tau vs k, side by side, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    acc = report["acceptance_by_depth"]
+    a.bar(range(1, len(acc) + 1), acc)
+    a.set(xlabel="draft depth", ylabel="acceptance (given earlier accepted)", ylim=(0, 1),
+          title="per-depth acceptance")
+    ks = sorted(report["tau_chain"], key=int)
+    b.plot([int(k) for k in ks], [report["tau_chain"][k] for k in ks], marker="o")
+    b.set(xlabel="draft tokens k", ylabel="tau (tokens per target pass)", title="greedy chain tau")
+    fig.suptitle(f"{report['drafter']}: {report['tokens']} positions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
