@@ -238,12 +238,11 @@ def _layers(text: str | None) -> tuple[int, ...] | None:
 def cmd_init(args: argparse.Namespace) -> int:
     from eyas.contract import contract_for_target
     from eyas.drafter import Drafter
-    from eyas.evaluate import _target_name
     from eyas.formats import write_checkpoint
-    from eyas.target import load_target_embeddings, target_config
+    from eyas.target import load_target_embeddings, target_config, target_name
 
     contract = contract_for_target(target_config(args.target), capture_layers=_layers(args.capture_layers),
-                                   name=_target_name(args.target))
+                                   name=target_name(args.target))
     drafter = Drafter(contract, embed_tokens=load_target_embeddings(args.target)).init_weights(args.seed)
     path = write_checkpoint(args.dst, contract, drafter.state_dict(), args.format, force=args.force)
     if args.json:

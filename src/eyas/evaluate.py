@@ -172,7 +172,7 @@ def evaluate(
 
     from eyas.data import capture, open_shards, read_prompts
     from eyas.drafter import Drafter
-    from eyas.target import Target, resolve_target, target_config, target_tensors
+    from eyas.target import Target, resolve_target, target_config, target_name, target_tensors
 
     drafter = Drafter.load(drafter_path, target=target, layer_convention=layer_convention, dtype=dtype)
     layers = drafter.contract.capture_layers
@@ -189,7 +189,7 @@ def evaluate(
             capture(tgt, read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
                     max_new_tokens=max_new_tokens, dtype=dtype, progress=progress)
             data = tmp
-        samples = open_shards(data, expect_capture_layers=list(layers), expect_target=_target_name(target))
+        samples = open_shards(data, expect_capture_layers=list(layers), expect_target=target_name(target))
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         samples = itertools.islice(samples, limit) if limit else samples
         report = evaluate_samples(drafter, samples, lm_head, depth=depth, tree_top_k=tree_top_k,
@@ -199,13 +199,6 @@ def evaluate(
     report["target"] = str(resolve_target(target))
     report["capture_layers"] = list(layers)
     return report
-
-
-def _target_name(target) -> str:
-    """The identity a capture manifest records for `target` (see eyas.target.Target.load)."""
-    from eyas.target import DEFAULT_SPECS, EMBEDDED_NAME, resolve_target
-
-    return EMBEDDED_NAME if target in DEFAULT_SPECS else str(resolve_target(target).resolve())
 
 
 def plot_report(report: dict, path) -> None:

@@ -1,0 +1,132 @@
+"""One draft training step at the embedded default's size: bf16 autocast vs fp32, same run.
+
+The draft mirrors SmolLM2-135M-Instruct (H=576, 9 heads / 3 kv, I=1536, V=49152, 3 capture layers)
+with a reduced draft vocab (default 8192). A step is exactly what `eyas.train` does per optimizer
+step: target probabilities from the stored final hidden state (the full-vocab matmul included),
+the 7-step TTT unroll, soft cross-entropy, backward, grad clipping, AdamW. The batch is one packed
+row of `tokens` positions made of 4 documents. Weights, features and ids are seeded random: the cost
+does not depend on their values, so no target weights are read (only its config.json).
+
+Variants are timed interleaved (fp32, bf16, fp32, ...) so machine noise hits both alike; the median
+step is reported with the bf16/fp32 ratio.
+
+    .venv/bin/python benchmarks/bench_train.py                        # 1024 tokens, 7 TTT steps
+    .venv/bin/python benchmarks/bench_train.py --tokens 512 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from eyas.contract import contract_for_target
+from eyas.drafter import Drafter
+from eyas.evaluate import _target_name
+from eyas.target import target_config
+from eyas.train import ADAM_BETAS, TTTUnroll, build_vocab_map, forward_backward
+
+VARIANTS = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def _batch(contract, tokens: int, docs: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """One packed row [1, tokens] of `docs` equal documents, every position a loss position."""
+    ids = torch.randint(0, contract.vocab_size, (1, tokens), generator=g)
+    doc = torch.arange(tokens) * docs // tokens
+    starts = torch.searchsorted(doc, doc)  # first position of each position's document
+    return {
+        "features": torch.randn(1, tokens, contract.fc_in_features, generator=g),
+        "target_hidden": torch.randn(1, tokens, contract.hidden_size, generator=g),
+        "input_ids": ids,
+        "next_ids": torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], dim=1),
+        "position_ids": (torch.arange(tokens) - starts)[None],
+        "loss_mask": torch.ones(1, tokens, dtype=torch.bool),
+        "document_ids": doc[None],
+    }
+
+
+def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: int = 1024, ttt_steps: int = 7,
+                repeats: int = 3, warmup: int = 1) -> dict:
+    """Median step time and tokens/s per variant (fp32, bf16 autocast), and their ratio."""
+    g = torch.Generator().manual_seed(0)
+    contract = contract_for_target(target_config(target), draft_vocab_size=draft_vocab, name=_target_name(target))
+    V, H = contract.vocab_size, contract.hidden_size
+    lm_head = 0.02 * torch.randn(V, H, generator=g)  # [V, H], the target's output matrix (random)
+    used, d2t, t2d = build_vocab_map(torch.randint(0, 1000, (V,), generator=g), draft_vocab)
+    drafter = Drafter(contract, embed_tokens=0.02 * torch.randn(V, H, generator=g)).init_weights(0)
+    drafter.set_vocab_map(d2t, t2d)
+    model = TTTUnroll(drafter, ttt_steps)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-5, betas=ADAM_BETAS)
+    batch = _batch(contract, tokens, 4, g)
+
+    def step(autocast) -> float:
+        t0 = time.perf_counter()
+        forward_backward(model, batch, lm_head, used, step_decay=0.8, denom=float(tokens), autocast=autocast)
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    for autocast in VARIANTS.values():
+        for _ in range(warmup):
+            step(autocast)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for _ in range(repeats):
+        for name, autocast in VARIANTS.items():  # interleaved
+            times[name].append(step(autocast))
+    med = {v: statistics.median(s) for v, s in times.items()}
+    return {
+        "bench": "train",
+        "target": contract.verifier.name_or_path,
+        "draft": {"hidden_size": H, "intermediate_size": contract.intermediate_size, "draft_vocab_size": draft_vocab,
+                  "vocab_size": V, "capture_layers": list(contract.capture_layers),
+                  "parameters": sum(p.numel() for p in drafter.parameters())},
+        "tokens": tokens,
+        "ttt_steps": ttt_steps,
+        "repeats": repeats,
+        **{f"{v}_step_time_ms": round(1000 * s, 1) for v, s in med.items()},
+        **{f"{v}_tokens_per_s": round(tokens / s, 1) for v, s in med.items()},
+        "bf16_speedup": round(med["fp32"] / med["bf16"], 3),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "commit": _commit(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="target folder whose config sizes the draft (default: SmolLM2)")
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(json.dumps(bench_train(args.target, draft_vocab=args.draft_vocab, tokens=args.tokens,
+                                 ttt_steps=args.ttt_steps, repeats=args.repeats)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

