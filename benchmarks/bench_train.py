@@ -30,8 +30,7 @@ import torch
 
 from eyas.contract import contract_for_target
 from eyas.drafter import Drafter
-from eyas.evaluate import _target_name
-from eyas.target import target_config
+from eyas.target import target_config, target_name
 from eyas.train import ADAM_BETAS, TTTUnroll, build_vocab_map, forward_backward
 
 VARIANTS = {"fp32": None, "bf16": torch.bfloat16}
@@ -66,7 +65,7 @@ def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: i
                 repeats: int = 3, warmup: int = 1) -> dict:
     """Median step time and tokens/s per variant (fp32, bf16 autocast), and their ratio."""
     g = torch.Generator().manual_seed(0)
-    contract = contract_for_target(target_config(target), draft_vocab_size=draft_vocab, name=_target_name(target))
+    contract = contract_for_target(target_config(target), draft_vocab_size=draft_vocab, name=target_name(target))
     V, H = contract.vocab_size, contract.hidden_size
     lm_head = 0.02 * torch.randn(V, H, generator=g)  # [V, H], the target's output matrix (random)
     used, d2t, t2d = build_vocab_map(torch.randint(0, 1000, (V,), generator=g), draft_vocab)
@@ -123,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(json.dumps(bench_train(args.target, draft_vocab=args.draft_vocab, tokens=args.tokens,
-                                 ttt_steps=args.ttt_steps, repeats=args.repeats)))
+    r = bench_train(args.target, draft_vocab=args.draft_vocab, tokens=args.tokens, ttt_steps=args.ttt_steps,
+                    repeats=args.repeats)
+    for v in VARIANTS:
+        print(f"{v}: {r[f'{v}_step_time_ms']:.0f} ms/step, {r[f'{v}_tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+    print(f"bf16 autocast speedup over fp32: {r['bf16_speedup']:.2f}x ({r['threads']} threads)", file=sys.stderr)
+    print(json.dumps(r))
     return 0
 
 

@@ -58,3 +58,99 @@ def test_tree_tau_accepts_the_true_token_anywhere_in_the_top_k():
     topk = torch.tensor([[[9, 1], [2, 9]]])  # right at rank 2, then at rank 1
     assert tree_tau(topk, truth, valid, depth=2) == 3.0
     assert tree_tau(topk[..., :1], truth, valid, depth=2) == 1.0
+
+
+# --- end to end on a tiny target: alignment with the data's label shift, and the CLI ---------------
+
+import json  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+from eyas.cli import main  # noqa: E402
+from eyas.contract import contract_for_target  # noqa: E402
+from eyas.data import capture, open_shards  # noqa: E402
+from eyas.drafter import Drafter  # noqa: E402
+from eyas.evaluate import evaluate_samples  # noqa: E402
+from eyas.target import Target, target_config, target_tensors  # noqa: E402
+from test_data import LAYERS, PROMPTS, save_tiny_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = save_tiny_target(tmp_path_factory.mktemp("target"))
+    shards = tmp_path_factory.mktemp("shards") / "s"
+    capture(Target.load(folder), PROMPTS, LAYERS, shards, max_new_tokens=12, batch_size=2, dtype="float32",
+            progress=False)
+    return folder, shards
+
+
+class Oracle(Drafter):
+    """Predicts, at step j and draft position t, the stored token `shift` places after the
+    teacher-forced one: shift 0 is the truth on greedy data, anything else is misaligned."""
+
+    shift = 0
+
+    def forward_ttt(self, features, input_ids, steps, *, next_ids=None, position_ids=None, document_ids=None):
+        B, T = input_ids.shape
+        # stream[i] = x_{i+1}: the given tokens, then the teacher-forced ones, then padding
+        stream = torch.cat([input_ids[:, :1], next_ids, next_ids.new_zeros(B, steps + 1)], dim=1)
+        start = 1 + self.shift  # the truth at step j and position t is x_{t+2+j} = stream[t+1+j]
+        return [F.one_hot(stream[:, start + j: start + j + T], self.contract.vocab_size).float()
+                for j in range(steps)]
+
+
+def oracle(folder, shift):
+    c = contract_for_target(target_config(folder), capture_layers=tuple(LAYERS))
+    d = Oracle(c, embed_tokens=torch.zeros(c.vocab_size, c.hidden_size))
+    d.shift = shift
+    return d
+
+
+def inner(samples, depth):
+    """Samples whose chains never run past the stored tokens (the oracle knows only those)."""
+    for s in samples:
+        s["loss_mask"][-depth - 1:] = False
+        yield s
+
+
+def test_an_oracle_draft_is_accepted_at_every_depth(tiny):
+    folder, shards = tiny
+    lm_head = target_tensors(folder, ["lm_head.weight"])["lm_head.weight"]
+    rep = evaluate_samples(oracle(folder, 0), inner(open_shards(shards), 4), lm_head, depth=4, tree_top_k=2,
+                           tree_depth=3)
+    assert rep["tokens"] > 15
+    assert rep["acceptance_by_depth"] == [1.0] * 4
+    for k, tau in rep["tau_chain"].items():
+        assert tau == pytest.approx(int(k) + 1)
+    assert rep["coverage"] == 1.0
+
+
+@pytest.mark.parametrize("shift", [1, -1])
+def test_a_draft_off_by_one_position_is_rejected(tiny, shift):
+    folder, shards = tiny
+    lm_head = target_tensors(folder, ["lm_head.weight"])["lm_head.weight"]
+    rep = evaluate_samples(oracle(folder, shift), inner(open_shards(shards), 3), lm_head, depth=3)
+    assert rep["acceptance_by_depth"][0] < 0.5  # the aligned oracle gets 1.0; random answers repeat a little
+
+
+def test_eval_cli_on_a_random_draft(tiny, tmp_path, capsys):
+    folder, shards = tiny
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    capsys.readouterr()
+    png = tmp_path / "acc.png"
+    assert main(["eval", str(draft), "--data", str(shards), "--target", str(folder), "--json", "--depth", "4",
+                 "--dtype", "fp32", "--plot", str(png)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert set(rep["tau_chain"]) == {"1", "2", "3", "4"}
+    assert len(rep["acceptance_by_depth"]) == 4
+    assert 1.0 <= rep["tau_chain"]["4"] < 1.3  # a random draft is almost never right
+    assert png.stat().st_size > 1000
+
+
+def test_eval_refuses_a_draft_for_another_target(tiny, tmp_path, capsys):
+    folder, shards = tiny
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--capture-layers", "2,15,27"]) == 0  # for the embedded default
+    assert main(["eval", str(draft), "--data", str(shards), "--target", str(folder)]) == 2
+    assert "does not fit" in capsys.readouterr().err

@@ -269,7 +269,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     manifest = capture(target, read_prompts(args.prompts, limit=args.limit), layers, args.out,
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
                        do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
-                       seed=args.seed, skip_long=args.skip_long)
+                       seed=args.seed, skip_long=args.skip_long, max_length=args.max_length)
     if args.json:
         _print_json(manifest)
     else:
@@ -311,6 +311,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- train --------------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from eyas.train import config_from_args, train
+
+    summary = train(config_from_args(args))
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+        return 0
+    if args.json:
+        _print_json(summary)
+    else:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
 # --- parser -------------------------------------------------------------------------------------
 
 _EXAMPLES = {
@@ -332,6 +348,10 @@ _EXAMPLES = {
     "capture": """examples:
   eyas capture --prompts sharegpt --limit 2000 --out ./shards
   eyas capture --target ./my-target --prompts prompts.jsonl --out ./shards --capture-layers 2,8,13""",
+    "train": """examples:
+  eyas train --data ./shards --out ./run --draft-vocab 8192 --epochs 3
+  eyas train --data ./shards --out ./run --resume
+  torchrun --nproc_per_node=2 -m eyas.train --data ./shards --out ./run""",
     "eval": """examples:
   eyas eval ./draft --prompts mtbench --limit 10
   eyas eval ./draft --data ./shards --json
@@ -424,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-length", type=int, help="prompt + answer token limit (default: the target's context)")
     p.add_argument("--skip-long", action="store_true", help="skip prompts that do not fit instead of failing")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
 
@@ -440,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")
     _add_reading(p)
+
+    from eyas.train import add_arguments
+
+    p = command("train", cmd_train, "train an EAGLE-3 draft on captured features (training-time test)")
+    add_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     return parser
 
 

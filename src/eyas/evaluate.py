@@ -88,8 +88,8 @@ def tree_tau(topk_ids: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor, d
 def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int) -> dict:
     """Teacher-forced draft predictions and target ground truth for one unshifted sample.
 
-    Chains start at every position whose given token x_{t+1} is part of the answer (loss_mask),
-    i.e. the states decoding actually visits; prompt positions are not decoding states.
+    Chains start at every position whose given token x_{t+1} and first label x_{t+2} are part of
+    the answer (loss_mask), i.e. the states decoding actually visits.
     Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth],
     and in_vocab [N] (the depth-1 truth is in the draft vocab).
     """
@@ -106,7 +106,9 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     # depth x [1, T-1, Vd]
     logits = torch.stack(steps, dim=2)[0]  # [T-1, depth, Vd]
     topk = drafter.to_target_ids(logits.topk(min(top_k, logits.shape[-1]), dim=-1).indices)
-    starts = sample["loss_mask"][1:].bool()  # draft position t reads x_{t+1}
+    # draft position t reads x_{t+1} and is labelled with x_{t+2}: both must be answer tokens (the
+    # first answer token comes from the target's prefill; after the last one decoding stops)
+    starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
     truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts]
     if drafter.contract.has_vocab_map:
         in_vocab = drafter.t2d[truth[:, 0]]
@@ -127,11 +129,11 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
     parts = []
     with torch.inference_mode():
         for sample in samples:
-            if int(sample["loss_mask"][1:].sum()) == 0:
+            if int(sample["loss_mask"].sum()) < 2:
                 continue
             parts.append(sample_predictions(drafter, sample, lm_head, depth, tree_top_k))
             if progress is not None:
-                progress(int(sample["loss_mask"][1:].sum()))
+                progress(int(sample["loss_mask"].shape[0]))
     if not parts:
         raise EyasError("no answer tokens to evaluate", "capture data with responses (loss_mask) first")
     cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -1,0 +1,49 @@
+"""Decoding speed on the embedded default target: HF greedy, HF prompt lookup, eyas target-only, eyas
+chain and eyas tree, on the same prompts in one run (see eyas.bench.run_bench for what is measured).
+
+The table goes to stderr, one JSON line (the whole report: methods, categories, per-prompt numbers,
+shapes, environment) to stdout. On a shared machine pass `--threads 1`: OpenMP workers spinning
+against other processes make single decode steps vary by several x.
+
+    .venv/bin/python benchmarks/bench_decode.py ./draft --threads 1                   # MT-bench, bf16
+    .venv/bin/python benchmarks/bench_decode.py ./draft --prompts copy --dtype fp32 --plot speedup.png
+    .venv/bin/python benchmarks/bench_decode.py ./draft --prompts mtbench,copy --limit 16 --sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from eyas.bench import format_bench, run_bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("drafter", help="a draft folder for the target (any format eyas reads)")
+    p.add_argument("--target", help="a local target folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, copy, a .jsonl file, or a comma list")
+    p.add_argument("--limit", type=int, help="N prompts, spread evenly over the categories")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--draft-tokens", type=int, help="chain length (default: the cached best, else 4)")
+    p.add_argument("--tree", metavar="DEPTH,TOP_K,BUDGET", help="tree shape (default: the cached best)")
+    p.add_argument("--sweep", action="store_true", help="time chain lengths and tree shapes first; cache the fastest")
+    p.add_argument("--plot", metavar="PNG", help="speedup per method and category")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run_bench(args.drafter, target=args.target, prompts=args.prompts, limit=args.limit,
+                       max_new_tokens=args.max_new_tokens, dtype=args.dtype, draft_tokens=args.draft_tokens,
+                       tree=args.tree, sweep=args.sweep, plot=args.plot)
+    print(format_bench(report), file=sys.stderr)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

