@@ -13,7 +13,7 @@ from test_data import save_tiny_target
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-import eyas.bench as bench
+from eyas import bench
 from eyas.bench import (
     METHODS,
     TextStream,

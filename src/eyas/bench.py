@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.data import Prompt, _eos_ids, _encode_prompts, _json_records, _packaged_file, _pad_id, read_prompts
+from eyas.data import Prompt, encode_prompts, eos_ids, json_records, packaged_file, pad_id, read_prompts
 from eyas.decode import DEFAULT_DRAFT_TOKENS, generate
 from eyas.drafter import Drafter
 from eyas.errors import EyasError, FormatError
@@ -111,13 +111,8 @@ def chat_ids(target: Target, prompt: Prompt | str, *, max_new_tokens: int) -> li
     if isinstance(prompt, str):
         prompt = Prompt(prompt, "the prompt", "<argument>")
     limit = getattr(target.config, "max_position_embeddings", None)
-    ids, _ = _encode_prompts(target, [prompt], max_new_tokens, limit, False)
+    ids, _ = encode_prompts(target, [prompt], max_new_tokens, limit, False)
     return ids[0]
-
-
-def stop_ids(target: Target) -> list[int]:
-    """The end-of-turn ids the chat template ends an answer with (the generation config's eos)."""
-    return _eos_ids(target)
 
 
 class TextStream:
@@ -261,7 +256,7 @@ def run_generate(
         shape, source = (cached["best"], "sweep cache") if cached else ({"draft_tokens": DEFAULT_DRAFT_TOKENS},
                                                                          "default")
     ids = chat_ids(target_model, prompt, max_new_tokens=max_new_tokens)
-    stops = stop_ids(target_model)
+    stops = eos_ids(target_model)
     streamer = TextStream(target_model.tokenizer, stream) if stream is not None else None
     out, stats = generate(
         target_model, draft, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
@@ -336,7 +331,7 @@ def _with_categories(path: Path, prompts: list[Prompt], default: str) -> list[Be
     record is a prompt or an error), so its prompts and the file's records pair up in order."""
     if path.suffix.lower() not in (".json", ".jsonl"):
         return [BenchPrompt(p, default) for p in prompts]
-    records = [rec for _, rec in _json_records(path, allow_truncated=False)]
+    records = [rec for _, rec in json_records(path, allow_truncated=False)]
     assert len(records) == len(prompts)
     return [BenchPrompt(p, str(r.get("category") or default)) for p, r in zip(prompts, records)]
 
@@ -345,7 +340,7 @@ def _prompt_set(name: str) -> list[BenchPrompt]:
     if name == "humaneval":
         return _humaneval()
     if name == "mtbench":
-        return _with_categories(_packaged_file("mtbench"), read_prompts("mtbench"), "mtbench")
+        return _with_categories(packaged_file("mtbench"), read_prompts("mtbench"), "mtbench")
     if name == "copy":
         path = copy_heavy_file()
         return _with_categories(path, read_prompts(path), "copy")
@@ -404,7 +399,7 @@ def _hf_runner(target: Target, stops: list[int], lookup: int | None) -> Runner:
     """Hugging Face `generate`, greedy, batch 1; `lookup`: prompt-lookup decoding's candidate count."""
     from transformers import GenerationConfig
 
-    pad = _pad_id(target)
+    pad = pad_id(target)
 
     def run(ids: list[int], max_new_tokens: int) -> tuple[list[int], None]:
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None,
@@ -568,7 +563,7 @@ def run_bench(
     items = bench_prompts(prompts, limit=limit)  # a bad prompt file fails before any model loads
     target_model, draft = load_models(drafter, target, dtype)
     prompt_ids = [chat_ids(target_model, it.prompt, max_new_tokens=max_new_tokens) for it in items]
-    stops = stop_ids(target_model)
+    stops = eos_ids(target_model)
     stop_set = set(stops)
 
     sweep_report = None
@@ -578,7 +573,7 @@ def run_bench(
         entry = {**sweep_report, "target": target_model.name, "drafter": str(Path(drafter).resolve()),
                  "dtype": dtype_name(dtype), "machine": platform.machine(), "cpus": os.cpu_count(),
                  "prompts": len(items), "max_new_tokens": max_new_tokens, "torch": torch.__version__,
-                 "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+                 "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         sweep_report["cache"] = str(save_best_shape(target_model.name, drafter, dtype, entry))
     known = sweep_report or read_best_shape(target_model.name, drafter, dtype)
     found = "sweep" if sweep else "sweep cache" if known else "default"
@@ -681,10 +676,10 @@ def format_bench(report: dict) -> str:
     env, shapes = report["environment"], report["shapes"]
     label = {"eyas_chain": shape_label(shapes["eyas_chain"]), "eyas_tree": shape_label(shapes["eyas_tree"])}
     lines = [
-        f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
-        f"{report['dtype']}, {env['threads']} threads, torch {env['torch']}; target {report['target']}",
-        f"{'method':<30} {'tok/s':>7} {'speedup':>8} {'tau':>5} {'identical':>9}  "
-        f"{'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}",
+        (f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
+         f"{report['dtype']}, {env['threads']} threads, torch {env['torch']}; target {report['target']}"),
+        (f"{'method':<30} {'tok/s':>7} {'speedup':>8} {'tau':>5} {'identical':>9}  "
+         f"{'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
     ]
     for name, m in report["methods"].items():
         split = m["time_split"] or {}

@@ -327,6 +327,38 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- generate and bench -------------------------------------------------------------------------
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from eyas.bench import format_generate, run_generate
+
+    def stream(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    result = run_generate(args.drafter, args.prompt, draft_tokens=args.draft_tokens, tree=args.tree,
+                          temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          max_new_tokens=args.max_new_tokens, seed=args.seed, target=args.target,
+                          dtype=args.dtype, stream=None if args.json else stream)
+    if args.json:
+        _print_json(result)
+    else:
+        print()
+        _log(format_generate(result))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from eyas.bench import format_bench, run_bench
+
+    report = run_bench(args.drafter, prompts=args.prompts, target=args.target, dtype=args.dtype,
+                       max_new_tokens=args.max_new_tokens, limit=args.limit, draft_tokens=args.draft_tokens,
+                       tree=args.tree, sweep=args.sweep, plot=args.plot)
+    print(json.dumps(report, indent=2) if args.json else format_bench(report))
+    return 0
+
+
 # --- parser -------------------------------------------------------------------------------------
 
 _EXAMPLES = {
@@ -348,6 +380,14 @@ _EXAMPLES = {
     "capture": """examples:
   eyas capture --prompts sharegpt --limit 2000 --out ./shards
   eyas capture --target ./my-target --prompts prompts.jsonl --out ./shards --capture-layers 2,8,13""",
+    "generate": """examples:
+  eyas generate ./draft --prompt "Explain speculative decoding in two sentences."
+  eyas generate ./draft --prompt "Write a haiku" --tree 6,4,24 --temperature 0.7 --seed 1
+  eyas generate ./draft --prompt "Hi" --draft-tokens 4 --dtype fp32 --json""",
+    "bench": """examples:
+  eyas bench ./draft --limit 8
+  eyas bench ./draft --prompts copy,mtbench --max-new-tokens 256 --json
+  eyas bench ./draft --sweep --limit 8 --plot speedup.png""",
     "train": """examples:
   eyas train --data ./shards --out ./run --draft-vocab 8192 --epochs 3
   eyas train --data ./shards --out ./run --resume
@@ -368,6 +408,14 @@ def _add_reading(p: argparse.ArgumentParser) -> None:
         "default: as current SGLang (+1 only when the first id is 1)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _add_decoding(p: argparse.ArgumentParser, target_help: str) -> None:
+    p.add_argument("--target", metavar="DIR", help=target_help)
+    p.add_argument("--draft-tokens", type=int, metavar="K", help="chain of K draft tokens")
+    p.add_argument("--tree", metavar="D,K,N", help="dynamic tree: depth, top-k per level, draft-node budget")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -461,6 +509,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")
     _add_reading(p)
+
+    p = command("generate", cmd_generate, "answer a prompt with speculative decoding, streaming the text")
+    p.add_argument("drafter", help="the draft folder (any format)")
+    p.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
+    _add_decoding(p, target_help)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", action="store_true", help="print one JSON object (no streaming)")
+
+    p = command("bench", cmd_bench, "time HF greedy, HF prompt lookup, eyas target, chain and tree on the same prompts")
+    p.add_argument("drafter", help="the draft folder (any format)")
+    p.add_argument("--prompts", default="mtbench",
+                   help="mtbench, humaneval, copy, a .jsonl of {prompt, category}, or a comma-separated list")
+    p.add_argument("--limit", type=int, help="N prompts, spread over the categories")
+    _add_decoding(p, target_help)
+    p.add_argument("--sweep", action="store_true", help="try chain lengths and tree shapes; remember the fastest")
+    p.add_argument("--plot", metavar="PNG", help="speedup per method and prompt category")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     from eyas.train import add_arguments
 

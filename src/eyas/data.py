@@ -129,7 +129,7 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
 
 def _read_prompt_file(path: Path, limit: int | None) -> list[Prompt]:
     if path.suffix.lower() in (".json", ".jsonl"):
-        records = _json_records(path, allow_truncated=False)
+        records = json_records(path, allow_truncated=False)
         return _take(_prompts_from_records(records, path.name, str(path), strict=True), limit)
     with open(path, encoding="utf-8") as f:
         lines = ((n, line.rstrip("\r\n")) for n, line in enumerate(f, 1))
@@ -138,11 +138,11 @@ def _read_prompt_file(path: Path, limit: int | None) -> list[Prompt]:
 
 
 def _read_packaged(name: str, limit: int | None) -> list[Prompt]:
-    path = _packaged_file(name)
+    path = packaged_file(name)
     if name == "sharegpt":
         # The package's JSON is cut off mid-record and ~2% of its conversations are empty or have
         # no human turn (split conversations): keep the complete, usable ones.
-        records = _json_records(path, allow_truncated=True)
+        records = json_records(path, allow_truncated=True)
         return _take(_prompts_from_records(records, "sharegpt", "sharegpt", strict=False), limit)
     with open(path, encoding="utf-8") as f:  # mtbench: one question per line, `turns` = [first, second]
         records = ((n, json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
@@ -152,7 +152,7 @@ def _read_packaged(name: str, limit: int | None) -> list[Prompt]:
         return _take(found, limit)
 
 
-def _packaged_file(name: str) -> Path:
+def packaged_file(name: str) -> Path:
     """Locate a packaged data file through the distribution's file list, without importing it."""
     dist, suffix = _PACKAGED[name]
     try:
@@ -217,7 +217,7 @@ def _first_human_turn(record: Any) -> str | None:
     return text if isinstance(text, str) and text.strip() else None
 
 
-def _json_records(path: Path, *, allow_truncated: bool) -> Iterator[tuple[int, Any]]:
+def json_records(path: Path, *, allow_truncated: bool) -> Iterator[tuple[int, Any]]:
     """(line, record) for a JSON array file or a JSON-lines file, chosen by the first character."""
     with open(path, encoding="utf-8") as f:
         head = f.read(4096).lstrip()
@@ -376,7 +376,7 @@ def capture(
         )
     dtype = _torch_dtype(dtype)
     limit = max_length or getattr(target.model.config, "max_position_embeddings", None)
-    prompt_ids, skipped = _encode_prompts(target, prompts, max_new_tokens, limit, skip_long)
+    prompt_ids, skipped = encode_prompts(target, prompts, max_new_tokens, limit, skip_long)
     plan = _plan(target, prompts, layers, dtype, shard_size, max_new_tokens, limit, skip_long,
                  dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
     manifest = _start_manifest(out_dir, plan, skipped)  # refuses a folder holding another capture
@@ -412,7 +412,7 @@ def _torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
     raise EyasError(f"feature dtype {dtype!r} is not supported", "use bfloat16, float16 or float32")
 
 
-def _encode_prompts(target, prompts, max_new_tokens, limit, skip_long):
+def encode_prompts(target, prompts, max_new_tokens, limit, skip_long):
     """Chat-templated token ids per prompt (None where skipped), and the skipped prompts."""
     tok = target.tokenizer
     if not getattr(tok, "chat_template", None):
@@ -532,22 +532,22 @@ def _capture_samples(target, prompt_ids, layers, dtype, batch_size, sampling, *,
     return out
 
 
-def _eos_ids(target) -> list[int]:
+def eos_ids(target) -> list[int]:
     eos = target.model.generation_config.eos_token_id
     if eos is None:
         eos = target.tokenizer.eos_token_id
     return [eos] if isinstance(eos, int) else list(eos or [])
 
 
-def _pad_id(target) -> int:
+def pad_id(target) -> int:
     pad = target.tokenizer.pad_token_id
-    return pad if pad is not None else (_eos_ids(target) or [0])[0]
+    return pad if pad is not None else (eos_ids(target) or [0])[0]
 
 
 @torch.inference_mode()
 def _generate(target, prompt_ids: list[list[int]], sampling: dict) -> list[list[int]]:
     """The target's answer to each prompt, cut after its first end-of-turn token."""
-    pad, eos = _pad_id(target), _eos_ids(target)
+    pad, eos = pad_id(target), eos_ids(target)
     P = max(len(p) for p in prompt_ids)
     ids = torch.full((len(prompt_ids), P), pad, dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -577,7 +577,7 @@ def _forward(target, seqs: list[list[int]], layers: list[int]) -> list[tuple[tor
     cannot change its states.
     """
     T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), _pad_id(target), dtype=torch.long)
+    ids = torch.full((len(seqs), T), pad_id(target), dtype=torch.long)
     for b, s in enumerate(seqs):
         ids[b, : len(s)] = torch.tensor(s)
     out = target.forward(ids.to(target.model.device), layers, with_logits=False)
