@@ -23,24 +23,15 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from eyas.bench import git_commit
 from eyas.contract import default_capture_layers
 from eyas.target import Target
 
-
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 def _ratio(times: list[list[float]], plain: list[list[float]]) -> float:
@@ -94,7 +85,7 @@ def bench_capture(target: str | None = None, *, dtypes=("float32", "bfloat16"), 
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
-        "commit": _commit(),
+        "commit": git_commit(),
     }
 
 

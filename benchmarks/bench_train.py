@@ -21,13 +21,12 @@ import json
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from eyas.bench import git_commit
 from eyas.contract import contract_for_target
 from eyas.drafter import Drafter
 from eyas.target import target_config, target_name
@@ -35,14 +34,6 @@ from eyas.train import ADAM_BETAS, TTTUnroll, build_vocab_map, forward_backward
 
 VARIANTS = {"fp32": None, "bf16": torch.bfloat16}
 
-
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 def _batch(contract, tokens: int, docs: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -107,7 +98,7 @@ def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: i
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.machine(),
-        "commit": _commit(),
+        "commit": git_commit(),
     }
 
 

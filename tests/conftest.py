@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eyas.contract import DraftContract, Verifier, expected_shapes
 
 TINY_TARGET_LAYERS = 6
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models are dominated by per-op overhead: one thread is faster and steadier on 2 shared
+    cores. Modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def tiny_contract(**overrides) -> DraftContract:

@@ -50,13 +50,7 @@ SAMPLING_TARGET = dict(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are dominated by per-op overhead; one thread is faster and steadier on 2 shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build_target(folder: Path, seed: int, **config) -> Target:

@@ -154,3 +154,42 @@ def test_eval_refuses_a_draft_for_another_target(tiny, tmp_path, capsys):
     assert main(["init", str(draft), "--capture-layers", "2,15,27"]) == 0  # for the embedded default
     assert main(["eval", str(draft), "--data", str(shards), "--target", str(folder)]) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+# --- the seed scenario: a training pipeline's two-file export, evaluated offline -----------------
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails the test."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_two_file_export_is_evaluated_offline_and_inspect_names_the_file(tiny, tmp_path, capsys, no_network):
+    from eyas.formats import read_checkpoint, speculators_config, write_checkpoint
+
+    folder, shards = tiny
+    init = tmp_path / "init"
+    assert main(["init", str(init), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    ckpt = read_checkpoint(init)
+    # what training pipelines export: a flat config.json (eagle) and config_speculators.json
+    export = write_checkpoint(tmp_path / "export", ckpt.contract, ckpt.tensors, "eagle")
+    (export / "config_speculators.json").write_text(json.dumps(speculators_config(ckpt.contract)))
+    capsys.readouterr()
+
+    assert main(["inspect", str(export), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["files"] == {"config.json": "eagle", "config_speculators.json": "speculators"}
+    assert rep["config_used"] == "config_speculators.json"
+    assert "speculators" in rep["reason"]
+
+    assert main(["eval", str(export), "--data", str(shards), "--target", str(folder), "--json", "--depth", "2",
+                 "--dtype", "fp32"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["capture_layers"] == [1, 2, 4] and ev["tokens"] > 0

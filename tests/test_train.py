@@ -57,12 +57,7 @@ LAYERS = [1, 2, 4]
 PYTHON = sys.executable
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def save_target(folder: Path) -> Path:
