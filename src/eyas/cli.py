@@ -332,12 +332,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from eyas.bench import format_generate, run_generate
+    from eyas.drafter import resolve_drafter
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    result = run_generate(args.drafter, args.prompt, draft_tokens=args.draft_tokens, tree=args.tree,
+    result = run_generate(resolve_drafter(args.drafter, args.target), args.prompt, draft_tokens=args.draft_tokens, tree=args.tree,
                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           max_new_tokens=args.max_new_tokens, seed=args.seed, target=args.target,
                           dtype=args.dtype, stream=None if args.json else stream)
@@ -351,8 +352,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from eyas.bench import format_bench, run_bench
+    from eyas.drafter import resolve_drafter
 
-    report = run_bench(args.drafter, prompts=args.prompts, target=args.target, dtype=args.dtype,
+    report = run_bench(resolve_drafter(args.drafter, args.target), prompts=args.prompts, target=args.target, dtype=args.dtype,
                        max_new_tokens=args.max_new_tokens, limit=args.limit, draft_tokens=args.draft_tokens,
                        tree=args.tree, sweep=args.sweep, plot=args.plot)
     print(json.dumps(report, indent=2) if args.json else format_bench(report))
@@ -470,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading(p)
 
     target_help = "the target's folder (default: the embedded SmolLM2-135M-Instruct)"
+    drafter_help = "the draft folder, any format (default: the draft eyas ships for the target)"
     p = command("init", cmd_init, "write a fresh (random) draft whose contract fits a target")
     p.add_argument("dst", help="the folder to write")
     p.add_argument("--target", metavar="DIR", help=target_help)
@@ -497,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
 
     p = command("eval", cmd_eval, "measure a draft standalone: per-depth acceptance, chain and tree tau, coverage")
-    p.add_argument("drafter", help="the draft folder (any format)")
+    p.add_argument("drafter", nargs="?", help=drafter_help)
     p.add_argument("--data", metavar="SHARDS", help="a capture folder (eyas capture)")
     p.add_argument("--prompts", help="a prompt file, or mtbench (default when --data is not given)")
     p.add_argument("--target", metavar="DIR", help=target_help)
@@ -511,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading(p)
 
     p = command("generate", cmd_generate, "answer a prompt with speculative decoding, streaming the text")
-    p.add_argument("drafter", help="the draft folder (any format)")
+    p.add_argument("drafter", nargs="?", help=drafter_help)
     p.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
     _add_decoding(p, target_help)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -521,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (no streaming)")
 
     p = command("bench", cmd_bench, "time HF greedy, HF prompt lookup, eyas target, chain and tree on the same prompts")
-    p.add_argument("drafter", help="the draft folder (any format)")
+    p.add_argument("drafter", nargs="?", help=drafter_help)
     p.add_argument("--prompts", default="mtbench",
                    help="mtbench, humaneval, copy, a .jsonl of {prompt, category}, or a comma-separated list")
     p.add_argument("--limit", type=int, help="N prompts, spread over the categories")

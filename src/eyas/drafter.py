@@ -394,13 +394,14 @@ class Drafter(nn.Module):
         """A drafter from a checkpoint of any format; a draft without embed_tokens gets the
         target's (only that tensor is read from the target's weight files, never the model).
 
+        `path` None or "default": the draft eyas ships for the target (see `resolve_drafter`).
         `target`: the target's folder, or None for the embedded default. The draft must fit it
         (vocab, hidden size, capture depth): checked before any tensor is read.
         """
         from eyas.formats import read_checkpoint
         from eyas.target import check_fits, load_target_embeddings, target_config
 
-        ckpt = read_checkpoint(path, layer_convention=layer_convention)
+        ckpt = read_checkpoint(resolve_drafter(path, target), layer_convention=layer_convention)
         check_fits(ckpt.contract, target_config(target))
         embed = None if ckpt.contract.has_embeddings else load_target_embeddings(target)
         return cls.from_tensors(ckpt.contract, ckpt.tensors, embed_tokens=embed, dtype=dtype)
@@ -614,3 +615,26 @@ def check_vocab_map(c: DraftContract, d2t: Tensor, t2d: Tensor) -> None:
             f"{distinct} distinct ids of which {int(t2d[target].sum())} are marked",
             "rebuild both from the same sorted list of drafted target ids",
         )
+
+
+# Drafts shipped inside the package, by target identity (trained with eyas: recipes/).
+SHIPPED_DRAFTS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "drafts/smollm2-135m-instruct"}
+
+
+def resolve_drafter(spec, target=None):
+    """A draft folder: `spec` itself, or for None / "default" the draft shipped for `target`."""
+    from importlib.resources import files
+    from pathlib import Path
+
+    from eyas.errors import EyasError
+    from eyas.target import target_name
+
+    if spec not in (None, "default"):
+        return Path(spec)
+    name = target_name(target)
+    shipped = files("eyas") / SHIPPED_DRAFTS[name] if name in SHIPPED_DRAFTS else None
+    if shipped is None or not shipped.is_dir():
+        raise EyasError(f"no draft given and eyas ships none for {name}",
+                        "pass a draft folder (eyas init DIR --target T makes an untrained one; eyas train trains one)")
+    return Path(str(shipped))
+

@@ -173,7 +173,7 @@ def evaluate(
     from tqdm import tqdm
 
     from eyas.data import capture, open_shards, read_prompts
-    from eyas.drafter import Drafter
+    from eyas.drafter import Drafter, resolve_drafter
     from eyas.target import Target, resolve_target, target_config, target_name, target_tensors
 
     drafter = Drafter.load(drafter_path, target=target, layer_convention=layer_convention, dtype=dtype)
@@ -197,7 +197,7 @@ def evaluate(
         report = evaluate_samples(drafter, samples, lm_head, depth=depth, tree_top_k=tree_top_k,
                                   tree_depth=tree_depth, progress=bar.update)
         bar.close()
-    report["drafter"] = str(drafter_path)
+    report["drafter"] = str(resolve_drafter(drafter_path, target))
     report["target"] = str(resolve_target(target))
     report["capture_layers"] = list(layers)
     return report
