@@ -1,0 +1,62 @@
+"""`eyas eval` throughput: target tokens evaluated per second, at depth k, on stored shards.
+
+    .venv/bin/python benchmarks/bench_eval.py --data SHARDS [--drafter DIR] [--depth 5] [--limit 32]
+
+Times `evaluate_samples` (the target's greedy tokens from the stored final hidden state, then one
+teacher-forced draft unroll of `depth` steps per sample) after a warm-up sample, in bf16 and fp32,
+and prints tokens/s for each plus their ratio measured in the same run. A token is a stored
+position of a sample (prompt and answer), as `eyas eval`'s progress bar counts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+
+import torch
+
+from eyas.bench import git_commit
+from eyas.data import open_shards
+from eyas.drafter import Drafter
+from eyas.evaluate import evaluate_samples
+from eyas.target import target_tensors
+
+
+def bench_eval(data: str, drafter: str | None, depth: int, limit: int, dtype: torch.dtype) -> dict:
+    samples = list(itertools.islice(open_shards(data), limit + 1))
+    draft = Drafter.load(drafter, dtype=dtype)
+    lm_head = target_tensors(None, ["lm_head.weight"])["lm_head.weight"].to(dtype)
+    evaluate_samples(draft, samples[:1], lm_head, depth=depth)  # warm-up
+    tokens = sum(int(s["input_ids"].shape[0]) for s in samples[1:])
+    start = time.perf_counter()
+    rep = evaluate_samples(draft, samples[1:], lm_head, depth=depth)
+    seconds = time.perf_counter() - start
+    return {"dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 1), f"tau_{depth}": rep["tau_chain"][str(depth)]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="a capture folder for the embedded default")
+    p.add_argument("--drafter", help="draft folder (default: the shipped draft)")
+    p.add_argument("--depth", type=int, default=5)
+    p.add_argument("--limit", type=int, default=32, help="samples timed (after one warm-up sample)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    runs = {name: bench_eval(args.data, args.drafter, args.depth, args.limit, dt)
+            for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
+    for name, r in runs.items():
+        print(f"{name}: {r['tokens']} tokens in {r['seconds']} s = {r['tokens_per_s']} tokens/s", file=sys.stderr)
+    ratio = runs["bf16"]["tokens_per_s"] / runs["fp32"]["tokens_per_s"]
+    print(f"bf16 / fp32 throughput: {ratio:.2f}x", file=sys.stderr)
+    print(json.dumps({"bench": "eval", **runs, "bf16_over_fp32": round(ratio, 3), "depth": args.depth,
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": git_commit()}))
+
+
+if __name__ == "__main__":
+    main()
