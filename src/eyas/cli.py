@@ -361,6 +361,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- doctor -------------------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from eyas.doctor import diagnose, format_report
+    from eyas.drafter import resolve_drafter
+
+    report = diagnose(resolve_drafter(args.drafter, args.target), target=args.target, prompts=args.prompts,
+                      features=args.features, layer_convention=args.layer_convention, limit=args.limit,
+                      max_new_tokens=args.max_new_tokens)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["verdict"] == "ok" else 1
+
+
 # --- parser -------------------------------------------------------------------------------------
 
 _EXAMPLES = {
@@ -390,6 +404,10 @@ _EXAMPLES = {
   eyas bench ./draft --limit 8
   eyas bench ./draft --prompts copy,mtbench --max-new-tokens 256 --json
   eyas bench ./draft --sweep --limit 8 --plot speedup.png""",
+    "doctor": """examples:
+  eyas doctor ./draft
+  eyas doctor ./draft --target ./my-target --prompts prompts.jsonl --json
+  eyas doctor ./draft --features ./vllm-dump.safetensors""",
     "train": """examples:
   eyas train --data ./shards --out ./run --draft-vocab 8192 --epochs 3
   eyas train --data ./shards --out ./run --resume
@@ -532,6 +550,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true", help="try chain lengths and tree shapes; remember the fastest")
     p.add_argument("--plot", metavar="PNG", help="speedup per method and prompt category")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    p = command("doctor", cmd_doctor, "name the wiring fault behind a low acceptance, and the fix; exit 1 if faulty")
+    p.add_argument("drafter", nargs="?", help=drafter_help)
+    p.add_argument("--target", metavar="DIR", help=target_help)
+    p.add_argument("--prompts", help="prompts to answer and measure on (default: MT-bench)")
+    p.add_argument("--features", metavar="DUMP", help="an engine dump (safetensors: input_ids [T], features [T, W])")
+    p.add_argument("--limit", type=int, default=8, help="prompts measured")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    _add_reading(p)
 
     from eyas.train import add_arguments
 

@@ -1,0 +1,436 @@
+"""eyas.doctor: a healthy draft is ok; each way real exporters and engines break the wiring is named.
+
+The tiny target is TRAINED (a few seconds) on a synthetic language whose next token is a fixed random
+function of the current token and the one two places back: next = TABLE[x_{n-2}, x_n]. That makes
+it learnable for a one-layer draft (depth-1 acceptance ~0.8), and makes every wiring matter:
+- its weights start large (std 0.4), so its layers stay far apart after training (capture layers,
+  order, normed features are all visible in acceptance);
+- the draft needs x_{t-1}, which only attention to an earlier position gives it, with a small rope
+  theta (10): the rope theta and the positions matter;
+- it needs its input token x_{t+1} from its own embedding: the embeddings and d2t matter.
+The healthy draft is trained with `eyas.train` once per module; every fault is injected into a copy
+of it (through its config or tensors, as real exporters got it wrong) or into an engine dump made
+from its correct features, and the FIRST finding must name the fault.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from eyas.data import capture
+from eyas.doctor import (
+    SLUGS,
+    Outcome,
+    beats,
+    binomial_tail,
+    collect,
+    diagnose,
+    format_report,
+    paired_test,
+    read_dump,
+)
+from eyas.errors import FormatError
+from eyas.formats import IDS, read_checkpoint, sglang_layer_ids
+from eyas.target import Target
+from eyas.train import TrainConfig, train
+
+WORDS = [f"w{i}" for i in range(16)]
+SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+N_LAYERS, HIDDEN, THETA = 6, 64, 10.0
+LAYERS = [1, 3, 5]  # what the healthy draft is trained on (not the engine default (2, 3, 3))
+LAG = 2  # next = TABLE[x_{n-LAG}, x_n]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def _prompt_texts(n: int, seed: int) -> list[str]:
+    rnd = random.Random(seed)
+    return [" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(2, 8))) for _ in range(n)]
+
+
+def save_target(folder: Path, steps: int = 200) -> Path:
+    """Train the tiny target on the synthetic language (answers only) and save it with its tokenizer."""
+    tok = _tokenizer()
+    tok.save_pretrained(folder)
+    V = len(tok)
+    g = torch.Generator().manual_seed(0)
+    table = len(SPECIALS) + torch.randint(0, len(WORDS), (V, V), generator=g)  # next = table[x_{n-2}, x_n]
+    config = LlamaConfig(vocab_size=V, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=N_LAYERS,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         eos_token_id=tok.eos_token_id, pad_token_id=0, initializer_range=0.4, rope_theta=THETA)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    texts = iter(_prompt_texts(16 * steps, seed=1))
+    for _ in range(steps):
+        rows = []
+        for _ in range(16):
+            chat = tok.apply_chat_template([{"role": "user", "content": next(texts)}], tokenize=False,
+                                           add_generation_prompt=True)
+            ids = tok(chat, add_special_tokens=False)["input_ids"]
+            start = len(ids)
+            for _ in range(32):
+                ids.append(int(table[ids[-1 - LAG], ids[-1]]))
+            rows.append((ids, start))
+        T = max(len(r) for r, _ in rows)
+        ids = torch.zeros(len(rows), T, dtype=torch.long)
+        labels = torch.full((len(rows), T), -100)
+        for b, (r, start) in enumerate(rows):
+            ids[b, : len(r)] = torch.tensor(r)
+            labels[b, start: len(r)] = torch.tensor(r[start:])
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return save_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def healthy(target_dir, tmp_path_factory) -> Path:
+    """A draft trained with eyas.train on the target's greedy answers to 300 prompts, at LAYERS."""
+    root = tmp_path_factory.mktemp("healthy")
+    capture(Target.load(target_dir), _prompt_texts(300, seed=2), LAYERS, root / "data", max_new_tokens=48,
+            dtype="float32", progress=False)
+    summary = train(TrainConfig(data=str(root / "data"), out=str(root / "run"), target=str(target_dir), draft_vocab=12,
+                                ttt_steps=3, lr=3e-3, epochs=6, batch_tokens=256, eval_fraction=0.0, dtype="fp32",
+                                save_every=0, progress=False))
+    return Path(summary["draft"])
+
+
+@pytest.fixture(scope="module")
+def states(target_dir, tmp_path_factory):
+    """The target's states on its answers to 16 held-out prompts, recorded once for every diagnosis."""
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts.write_text("\n".join(_prompt_texts(16, seed=3)) + "\n")
+    return collect(Target.load(target_dir), prompts, limit=16, max_new_tokens=48, progress=False)
+
+
+# --- fault injection: what real exporters got wrong, applied to a copy of the healthy draft ----------
+# (written against the checkpoint, not the tiny target: they apply to any eyas-written draft folder)
+
+
+def _edit_configs(folder: Path, edit) -> None:
+    """Apply `edit(cfg, fmt)` to every config file of a draft folder (speculators and eagle alike)."""
+    for name in ("config.json", "config_eagle.json", "config_speculators.json"):
+        p = folder / name
+        if p.is_file():
+            cfg = json.loads(p.read_text())
+            edit(cfg, "speculators" if "speculators_config" in cfg else "eagle")
+            p.write_text(json.dumps(cfg, indent=2))
+
+
+def _edit_tensors(folder: Path, edit) -> None:
+    t = load_file(folder / "model.safetensors")
+    edit(t)
+    save_file(t, folder / "model.safetensors")
+
+
+def _layers_minus_one(d: Path) -> list[int]:
+    return [k - 1 for k in read_checkpoint(d, load_tensors=False).contract.capture_layers]
+
+
+def _set_ids(cfg: dict, fmt: str, ids: list[int]) -> None:
+    cfg[IDS] = ids
+    if fmt == "eagle":
+        cfg["eagle_config"][IDS] = sglang_layer_ids(ids)
+
+
+def ids_off_by_one(d: Path) -> None:
+    """The ids of the layers' OUTPUTS (e.g. [0, 2, 4]) written where capture indices ([1, 3, 5]) belong."""
+    ids = _layers_minus_one(d)
+    _edit_configs(d, lambda cfg, fmt: _set_ids(cfg, fmt, ids))
+
+
+def fc_blocks_permuted(d: Path) -> None:
+    """fc.weight's column blocks exported in another order ([2, 0, 1]) than the layers are captured in."""
+    def edit(t):
+        blocks = t["fc.weight"].chunk(3, dim=1)
+        t["fc.weight"] = torch.cat([blocks[2], blocks[0], blocks[1]], dim=1).contiguous()
+    _edit_tensors(d, edit)
+
+
+def norm_flag_flipped(d: Path) -> None:
+    def edit(cfg, fmt):
+        cfg["norm_before_residual"] = True
+        if fmt == "eagle":
+            cfg["eagle_config"]["norm_before_residual"] = True
+    _edit_configs(d, edit)
+
+
+def random_embeddings(d: Path) -> None:
+    """TorchSpec #38: the exporter saved the draft's never-trained (random) embed_tokens."""
+    c = read_checkpoint(d, load_tensors=False).contract
+    noise = 0.02 * torch.randn(c.vocab_size, c.hidden_size, generator=torch.Generator().manual_seed(5))
+    _edit_tensors(d, lambda t: t.update({"embed_tokens.weight": noise}))
+
+
+def d2t_dropped(d: Path) -> None:
+    _edit_tensors(d, lambda t: [t.pop("d2t"), t.pop("t2d")])
+
+
+def rope_theta_removed(d: Path) -> None:
+    """speculators PR #574-style: the converter dropped the rope fields; every engine builds 10000."""
+    def edit(cfg, fmt):
+        layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
+        layer.pop("rope_theta", None)
+        layer.pop("rope_parameters", None)
+    _edit_configs(d, edit)
+
+
+def flat_config_disagrees(d: Path) -> None:
+    """A flat config.json (what engines and from_pretrained read) with off-by-one ids next to a correct
+    config_speculators.json (what eyas prefers)."""
+    ids = _layers_minus_one(d)
+    (d / "config.json").rename(d / "config_speculators.json")
+    (d / "config_eagle.json").rename(d / "config.json")
+    cfg = json.loads((d / "config.json").read_text())
+    _set_ids(cfg, "eagle", ids)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+CHECKPOINT_FAULTS = {
+    "capture_layers": ids_off_by_one,
+    "concat_order": fc_blocks_permuted,
+    "norm_flags": norm_flag_flipped,
+    "embeddings": random_embeddings,
+    "vocab_map": d2t_dropped,
+    "rope": rope_theta_removed,
+    "config_file": flat_config_disagrees,
+}
+
+
+# --- engine dumps: what an engine fed the (healthy) draft -----------------------------------------
+
+
+def write_dump(states, path: Path, layers, *, shift: int = 0, normed: bool = False) -> Path:
+    """An engine dump of the first answered prompt: features[t] = the states at `layers` of t + shift
+    (clamped), optionally through the target's final norm (the HF module, as an engine would)."""
+    s = states.samples[0]
+    T = s["input_ids"].shape[0]
+    at = (torch.arange(T) + shift).clamp(0, T - 1)
+    chunks = [s["states"][at, k] for k in layers]
+    if normed:
+        with torch.no_grad():
+            chunks = [states.target.model.model.norm(x) for x in chunks]
+    save_file({"input_ids": s["input_ids"].clone(), "features": torch.cat(chunks, -1).to(torch.bfloat16).contiguous()},
+              path)
+    return path
+
+
+DUMP_FAULTS = {  # slug -> (layers, shift, normed)
+    "capture_layers": ([k + 1 for k in LAYERS], 0, False),  # SGLang's +1 on ids already meant as capture indices
+    "concat_order": (LAYERS[::-1], 0, False),
+    "normalized_features": (LAYERS, 0, True),
+    "position_shift": (LAYERS, -1, False),  # features of the previous position
+    "fc_skipped": ([N_LAYERS], 0, False),  # EAGLE-3 draft served as EAGLE: one H-wide state, fc skipped
+}
+
+
+# --- the statistics -----------------------------------------------------------------------------
+
+
+def _outcome(first: list[int], accepted: list[int]) -> Outcome:
+    return Outcome(torch.tensor(first, dtype=torch.bool), torch.tensor(accepted), [0.0] * 5, 1.0)
+
+
+def test_exact_sign_tests_on_paired_positions():
+    assert binomial_tail(10, 10) == 2**-10 and binomial_tail(0, 5) == 1.0
+    assert binomial_tail(3, 4) == pytest.approx(5 / 16)  # P(X >= 3), X ~ Bin(4, 1/2)
+    base = _outcome([0] * 20 + [1] * 20, [0] * 20 + [2] * 20)
+    alt = _outcome([1] * 40, [3] * 40)  # wins the 20 discordant positions, loses none
+    t = paired_test(base, alt)
+    assert t["depth1_wins_losses"] == [20, 0] and t["p_depth1"] == 2**-20
+    assert t["chain_wins_losses"] == [40, 0] and t["gain_depth1"] == pytest.approx(0.5)
+    assert beats(t, tests=50) and not beats(paired_test(alt, base), tests=50)
+    small = paired_test(base, _outcome([1] + [0] * 19 + [1] * 20, [1] + [0] * 19 + [2] * 20))
+    assert small["p_depth1"] == 0.5 and not beats(small, tests=1)  # one position: not significant
+    deep = paired_test(base, _outcome([0] * 20 + [1] * 20, [0] * 20 + [4] * 20))  # same depth 1, longer chains
+    assert deep["p_depth1"] == 1.0 and beats(deep, tests=2)  # norm_output-like faults show up only here
+
+
+# --- the healthy draft and the injected faults ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def healthy_report(healthy, states):
+    return diagnose(healthy, capture=states, progress=False)
+
+
+def test_healthy_draft_is_ok(healthy_report):
+    rep = healthy_report
+    assert rep["verdict"] == "ok" and rep["findings"] == []
+    m = rep["measured"]
+    assert m["contract"]["acceptance_depth1"] > 0.6 and m["positions"] > 500
+    assert m["trained_for"] == m["contract"]
+    measured = {r["fault"] for r in m["hypotheses"]}  # every wiring the draft can have was tried
+    assert measured == set(SLUGS) - {"fc_skipped", "config_file", "embeddings"}  # no own embeddings, one config
+    assert all(not r["significant"] for r in m["hypotheses"])
+    assert all(r["acceptance_depth1"] < m["contract"]["acceptance_depth1"] + 0.02 for r in m["hypotheses"])
+    assert "capture layers [1, 3, 5]" in rep["trained_for"]
+    assert rep["static"]["problems"] and rep["hazards"] == []  # the local verifier path: not an acceptance fault
+
+
+@pytest.mark.parametrize("slug", CHECKPOINT_FAULTS)
+def test_checkpoint_fault_is_named_first(slug, healthy, states, tmp_path):
+    draft = shutil.copytree(healthy, tmp_path / "draft")
+    CHECKPOINT_FAULTS[slug](draft)
+    rep = diagnose(draft, capture=states, progress=False)
+    assert rep["verdict"] == "faulty"
+    first = rep["findings"][0]
+    assert first["fault"] == slug, format_report(rep)
+    assert first["acceptance_after"] > first["acceptance_before"] + 0.1
+    assert first["acceptance_after"] == rep["measured"]["trained_for"]["acceptance_depth1"]
+    layers = [5, 1, 3] if slug == "concat_order" else LAYERS  # fc's blocks, as injected, read [5, 1, 3]
+    assert f"capture layers {layers}" in rep["trained_for"] and "rope theta 10," in rep["trained_for"]
+
+
+def test_fixes_name_the_exact_change(healthy, states, tmp_path):
+    fixes = {}
+    for slug in ("capture_layers", "concat_order", "rope", "config_file"):
+        draft = shutil.copytree(healthy, tmp_path / slug)
+        CHECKPOINT_FAULTS[slug](draft)
+        fixes[slug] = diagnose(draft, capture=states, progress=False)["findings"][0]["fix"]
+    assert f"in config.json set {IDS} = [1, 3, 5]" in fixes["capture_layers"]
+    assert f"eagle_config.{IDS} = [1, 3, 5]" in fixes["capture_layers"]  # config_eagle.json, for SGLang
+    assert "new block i = current block [1, 2, 0][i]" in fixes["concat_order"]  # undoes the injected [2, 0, 1]
+    assert "transformer_layer_config.rope_theta = 10.0" in fixes["rope"]
+    assert "fit config_speculators.json: delete config.json" in fixes["config_file"]
+
+
+def test_two_faults_are_found_one_after_the_other(healthy, states, tmp_path):
+    """Adopting the first fix and re-testing finds the second fault hiding behind it."""
+    draft = shutil.copytree(healthy, tmp_path / "draft")
+    ids_off_by_one(draft)
+    norm_flag_flipped(draft)
+    rep = diagnose(draft, capture=states, progress=False)
+    assert sorted(f["fault"] for f in rep["findings"]) == ["capture_layers", "norm_flags"]
+    assert rep["measured"]["trained_for"]["acceptance_depth1"] == pytest.approx(
+        rep["measured"]["contract"]["acceptance_depth1"] + sum(
+            f["acceptance_after"] - f["acceptance_before"] for f in rep["findings"]), abs=1e-3)
+
+
+def test_a_consumer_that_wires_it_worse_is_a_serving_fault(healthy, states, tmp_path):
+    """norm_before_residual absent: speculators reads false (right here), vLLM's speculators path true."""
+    draft = shutil.copytree(healthy, tmp_path / "draft")
+    _edit_configs(draft, lambda cfg, fmt: [cfg.pop("norm_before_residual"),
+                                           cfg.get("eagle_config", {}).pop("norm_before_residual", None)])
+    rep = diagnose(draft, capture=states, progress=False)
+    first = rep["findings"][0]
+    assert (first["fault"], first["source"], first["consumers"]) == ("norm_flags", "serving", ["vllm"])
+    assert "norm_before_residual = false" in first["fix"]
+    assert any(h["consumer"] == "vllm" and h["fault"] == "norm_flags" for h in rep["hazards"])
+
+
+@pytest.mark.parametrize("slug", DUMP_FAULTS)
+def test_engine_dump_fault_is_named_first(slug, healthy, states, tmp_path):
+    layers, shift, normed = DUMP_FAULTS[slug]
+    dump = write_dump(states, tmp_path / "dump.safetensors", layers, shift=shift, normed=normed)
+    rep = diagnose(healthy, target=states.target.path, features=dump, progress=False)
+    first = rep["findings"][0]
+    assert (first["fault"], first["source"]) == (slug, "engine dump"), format_report(rep)
+    chunks = rep["dump"]["chunks"]
+    assert [c["layer"] for c in chunks] == layers and all(c["identified"] for c in chunks)
+    assert all(c["shift"] == shift and (c["state"] == "final_norm") == normed for c in chunks)
+    assert first["acceptance_before"] < first["acceptance_after"]
+
+
+def test_a_correct_engine_dump_is_ok(healthy, states, tmp_path):
+    dump = write_dump(states, tmp_path / "dump.safetensors", LAYERS)
+    rep = diagnose(healthy, target=states.target.path, features=dump, progress=False)
+    assert rep["verdict"] == "ok", format_report(rep)
+    assert rep["dump"]["acceptance_on_dump"]["acceptance_depth1"] == pytest.approx(
+        rep["dump"]["acceptance_on_correct_features"]["acceptance_depth1"], abs=0.02)  # bf16 dump vs fp32
+
+
+def test_dump_reader_takes_vllm_files_and_refuses_others(tmp_path):
+    vllm = tmp_path / "vllm.safetensors"
+    save_file({"token_ids": torch.arange(6), "hidden_states": torch.randn(6, 3, 4)}, vllm)
+    ids, feats = read_dump(vllm)
+    assert ids.tolist() == list(range(6)) and feats.shape == (6, 12)
+    bad = tmp_path / "bad.safetensors"
+    save_file({"input_ids": torch.arange(6), "features": torch.randn(5, 8)}, bad)
+    with pytest.raises(FormatError, match="expected int64 \\[T\\] and float \\[T, W\\]"):
+        read_dump(bad)
+    save_file({"tokens": torch.arange(6)}, bad)
+    with pytest.raises(FormatError, match="no features, input_ids"):
+        read_dump(bad)
+    (tmp_path / "junk.safetensors").write_text("not safetensors")
+    with pytest.raises(FormatError, match="not a readable safetensors file"):
+        read_dump(tmp_path / "junk.safetensors")
+
+
+def test_a_config_that_makes_vllm_skip_fc_is_a_static_finding(healthy, states, tmp_path):
+    draft = shutil.copytree(healthy, tmp_path / "draft")
+    (draft / "config.json").rename(draft / "config_speculators.json")
+    cfg = json.loads((draft / "config_eagle.json").read_text())
+    cfg["eagle_config"]["use_aux_hidden_state"] = False
+    (draft / "config.json").write_text(json.dumps(cfg))
+    (draft / "config_eagle.json").unlink()
+    rep = diagnose(draft, capture=states, progress=False)
+    skipped = [f for f in rep["findings"] if f["fault"] == "fc_skipped"]
+    assert [f["fix"] for f in skipped] == ["in config.json set eagle_config.use_aux_hidden_state = true"]
+    # the flat config.json also exposes SGLang's +1 on eagle_config ids that start at 1: [2, 4, 6]
+    assert any(h["consumer"] == "sglang" and "[2, 4, 6]" in h["hazard"] for h in rep["hazards"])
+
+
+def test_a_dump_from_another_target_is_refused(healthy, states, tmp_path):
+    bad = tmp_path / "dump.safetensors"
+    save_file({"input_ids": torch.arange(8), "features": torch.randn(8, 3 * HIDDEN + 1)}, bad)
+    with pytest.raises(FormatError, match="not a multiple of the hidden size 64"):
+        diagnose(healthy, target=states.target.path, features=bad, progress=False)
+    save_file({"input_ids": torch.arange(8) + 1000, "features": torch.randn(8, 3 * HIDDEN)}, bad)
+    with pytest.raises(FormatError, match="outside the vocab"):
+        diagnose(healthy, target=states.target.path, features=bad, progress=False)
+
+
+def test_without_weights_only_static_findings(healthy, states, tmp_path):
+    draft = shutil.copytree(healthy, tmp_path / "draft")
+    (draft / "model.safetensors").unlink()
+    rep = diagnose(draft, capture=states, progress=False)
+    assert rep["measured"] is None and any("not measured" in n for n in rep["notes"])
+    assert any(p["field"] == "weights" for p in rep["static"]["problems"])
+
+
+def test_readable_report(healthy, healthy_report, states, tmp_path):
+    text = format_report(healthy_report)
+    assert text.splitlines()[0].endswith("OK: no fault found") and "the weights fit: capture layers [1, 3, 5]" in text
+    draft = shutil.copytree(healthy, tmp_path / "draft")
+    fc_blocks_permuted(draft)
+    rep = diagnose(draft, capture=states, progress=False)
+    text = format_report(rep)
+    assert "FAULTY: 1 finding" in text and "1. [concat_order]" in text and "fix: permute fc.weight" in text
+    assert json.loads(json.dumps(rep)) == rep  # the report is JSON as it stands
