@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from eyas.check import _target_config, check_checkpoint, consumer_warnings, consumers
+from eyas.doctor import DEFAULT_LIMIT as DOCTOR_LIMIT
+from eyas.doctor import DEFAULT_MAX_NEW_TOKENS as DOCTOR_MAX_NEW_TOKENS
 from eyas.errors import EyasError
 from eyas.formats import LAYER_CONVENTIONS, Checkpoint, convert_checkpoint, read_checkpoint
 
@@ -556,8 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="DIR", help=target_help)
     p.add_argument("--prompts", help="prompts to answer and measure on (default: MT-bench)")
     p.add_argument("--features", metavar="DUMP", help="an engine dump (safetensors: input_ids [T], features [T, W])")
-    p.add_argument("--limit", type=int, default=8, help="prompts measured")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--limit", type=int, default=DOCTOR_LIMIT, help="prompts measured")
+    p.add_argument("--max-new-tokens", type=int, default=DOCTOR_MAX_NEW_TOKENS)
     _add_reading(p)
 
     from eyas.train import add_arguments
