@@ -912,6 +912,15 @@ def _write_json(path: Path, obj: dict) -> None:
     fsync_file(path)
 
 
+def _ordinary_modes(folder: Path) -> None:
+    """mkdtemp and safetensors make private files; a checkpoint folder is ordinary output (umask applies)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)
+
+
 def _install(tmp: Path, dst: Path) -> None:
     """Move the finished temp folder to dst; a replaced folder is moved aside first, then removed."""
     old = None
@@ -968,6 +977,7 @@ def _write(
         write_tensors(tmp, from_canonical(tensors, "eagle" if fmt == "eagle" else "speculators"))
         back = read_checkpoint(tmp, verifier_config=_verifier_config_of(contract))
         _assert_same(contract, tensors, back)
+        _ordinary_modes(tmp)
         _install(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
