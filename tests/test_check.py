@@ -103,7 +103,7 @@ def test_unreadable_input_raises(tmp_path, target):
     (path / "config.json").write_text("{not json")
     with pytest.raises(FormatError, match="config.json: invalid JSON"):
         check_checkpoint(path)
-    with pytest.raises(FormatError, match="target not found"):
+    with pytest.raises(FormatError, match="is not a folder"):
         check_checkpoint(_ck(tmp_path, name="ok"), target=tmp_path / "nowhere")
 
 
@@ -117,7 +117,7 @@ def test_config_only_check_skips_tensors(tmp_path, target):
 def test_target_config_lookup(tmp_path, target):
     assert _target_config(target) == TARGET == _target_config(target / "config.json")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FormatError, match="no config.json in the target folder"):
+    with pytest.raises(FormatError, match="has no config.json"):
         _target_config(tmp_path / "empty")
 
 
@@ -189,3 +189,7 @@ def test_qwen3_layer_only_loads_in_speculators_format(tmp_path):
     eagle, spec = consumers(read_checkpoint(tmp_path / "e")), consumers(read_checkpoint(tmp_path / "s"))
     assert not eagle["vllm"]["loads"] and not eagle["sglang"]["loads"]
     assert spec["vllm"]["loads"] and spec["speculators"]["loads"]
+
+
+def test_the_embedded_default_is_a_target(tmp_path):
+    assert _target_config("default")["num_hidden_layers"] == 30  # SmolLM2-135M-Instruct, read offline

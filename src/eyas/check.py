@@ -286,19 +286,14 @@ class CheckReport:
 
 
 def _target_config(spec: str | Path) -> dict[str, Any]:
-    """The target's config.json contents: `spec` is a folder holding config.json or the file itself."""
+    """The target's config.json contents: a config .json file, a target folder, or "default" (the
+    embedded default, see eyas.target.resolve_target)."""
     p = Path(spec)
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise FormatError(
-                f"{p}: no config.json in the target folder", "pass the target's folder or its config.json"
-            )
-        p = p / "config.json"
-    elif not p.is_file():
-        raise FormatError(
-            f"{spec}: target not found", "pass the target's folder or its config.json (nothing is downloaded)"
-        )
-    return load_json(p)
+    if p.is_file():
+        return load_json(p)
+    from eyas.target import target_config  # target imports formats; keep check importable without it
+
+    return target_config(spec)
 
 
 _PORTABLE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # a hub id: name or owner/name
