@@ -8,11 +8,12 @@ import json
 import shutil
 
 import pytest
+from test_doctor import fc_blocks_permuted
 
 from eyas.cli import main
 from eyas.doctor import collect, diagnose, format_report
-from eyas.drafter import Drafter, resolve_drafter
-from eyas.formats import IDS, read_checkpoint
+from eyas.drafter import resolve_drafter
+from eyas.formats import read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +56,12 @@ def test_doctor_calls_the_shipped_draft_healthy(shipped, states):
     assert rep["verdict"] == "ok", format_report(rep)
 
 
-def test_doctor_names_capture_layers_off_by_one_in_the_shipped_draft(shipped, states, tmp_path):
+def test_doctor_names_a_concatenation_fault_in_the_shipped_draft(shipped, states, tmp_path):
+    """fc's column blocks exported in another order than the layers are captured in. (Capture layers
+    off by one are not measurable on this weak draft: adjacent residual streams give depth-1 0.145 vs
+    0.156, p = 0.24 over 378 positions; the tiny trained draft in test_doctor.py covers that fault.)"""
     draft = shutil.copytree(shipped, tmp_path / "draft")
-    (draft / "config_eagle.json").unlink()
-    cfg = json.loads((draft / "config.json").read_text())
-    cfg[IDS] = [1, 14, 26]  # output-of-layer ids written where vLLM reads capture indices
-    (draft / "config.json").write_text(json.dumps(cfg))
+    fc_blocks_permuted(draft)
     rep = diagnose(draft, capture=states, progress=False)
-    assert rep["verdict"] == "faulty" and rep["findings"][0]["fault"] == "capture_layers", format_report(rep)
-    assert Drafter.load(draft).contract.capture_layers == (1, 14, 26)
+    assert rep["verdict"] == "faulty" and rep["findings"][0]["fault"] == "concat_order", format_report(rep)
+    assert "new block i = current block [1, 2, 0][i]" in rep["findings"][0]["fix"]
