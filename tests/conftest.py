@@ -8,6 +8,14 @@ import torch
 from eyas.contract import DraftContract, Verifier, expected_shapes
 
 TINY_TARGET_LAYERS = 6
+# Llama-3.1-style rope scaling, shrunk to tiny context lengths
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,
+}
 
 
 @pytest.fixture(scope="module")

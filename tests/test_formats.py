@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import random_tensors, tiny_contract
+from conftest import LLAMA3_ROPE, random_tensors, tiny_contract
 from eyas.contract import Verifier
 from eyas.errors import ContractError, FormatError
 from eyas.formats import (
@@ -38,13 +38,7 @@ VARIANTS = {
         attention_bias=True,
         has_embeddings=True,
         rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 256,
-        },
+        rope_scaling=LLAMA3_ROPE,
     ),
     "no-ids-no-rope": dict(capture_layers=None, rope_theta=None, verifier=Verifier()),
 }

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from conftest import random_tensors, tiny_contract
+from conftest import LLAMA3_ROPE, random_tensors, tiny_contract
 from eyas.contract import Verifier
 from eyas.formats import IDS, write_checkpoint
 
@@ -37,13 +37,7 @@ VARIANTS = {
         draft_vocab_size=256,
         rope_theta=500000.0,
         max_position_embeddings=1024,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 256,
-        },
+        rope_scaling=LLAMA3_ROPE,
     ),
 }
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from eyas.contract import DraftContract, check_capture_layers, default_capture_layers
-from eyas.errors import FormatError
 from eyas.formats import (
     EAGLE_ARCH,
     IDS,

@@ -45,7 +45,7 @@ from eyas.contract import DEFAULT_ROPE_THETA, DraftContract, default_capture_lay
 from eyas.data import capture, open_shards, read_prompts
 from eyas.drafter import Drafter, RMSNorm
 from eyas.errors import ContractError, EyasError, FormatError
-from eyas.evaluate import chain_acceptance, sample_predictions
+from eyas.evaluate import chain_acceptance, sample_predictions, target_greedy
 from eyas.formats import IDS, NORM_FLAGS, Checkpoint, read_checkpoint, sglang_layer_ids, target_facts
 from eyas.target import Target, resolve_target, target_config
 
@@ -235,6 +235,7 @@ class _Bench:
         tgt = cap.target
         self.N, self.H = tgt.num_layers, tgt.hidden_size
         self.lm_head = tgt.model.get_output_embeddings().weight.detach().float()  # [V, H]
+        self._greedy: list[Tensor] | None = None  # see `greedy`
         self.embed = tgt.model.get_input_embeddings().weight.detach().float()  # [V, H]
         decoder = tgt.model.base_model
         eps = getattr(tgt.config, "rms_norm_eps", 1e-6)
@@ -307,15 +308,23 @@ class _Bench:
                     self._outcomes[w] = self._rejected(str(e))
                     return self._outcomes[w]
                 samples = [{**s, "features": self.features(s, w)} for s in self.cap.samples]
-                self._outcomes[w] = self._run(drafter, samples)
+                self._outcomes[w] = self._run(drafter, samples, self.greedy)
         return self._outcomes[w]
 
-    def _run(self, drafter: Drafter, samples: list[dict[str, Tensor]]) -> Outcome:
+    @property
+    def greedy(self) -> list[Tensor]:
+        """The target's greedy tokens per captured sample: they do not depend on the wiring, so the
+        full-vocab matmul runs once, not once per hypothesis."""
+        if self._greedy is None:
+            self._greedy = [target_greedy(s, self.lm_head) for s in self.cap.samples]
+        return self._greedy
+
+    def _run(self, drafter: Drafter, samples: list[dict[str, Tensor]], greedy_tokens: list[Tensor]) -> Outcome:
         parts = []
         with torch.inference_mode():
-            for s in samples:
+            for s, greedy in zip(samples, greedy_tokens, strict=True):
                 if int(s["loss_mask"].sum()) >= 2:
-                    parts.append(sample_predictions(drafter, s, self.lm_head, DEPTH, 1))
+                    parts.append(sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy))
         if not parts:
             raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
         pred, truth, valid = (torch.cat([p[k] for p in parts]) for k in ("pred", "truth", "valid"))
@@ -923,7 +932,8 @@ def _dump_outcome(bench: _Bench, final: Wiring, sample: dict[str, Tensor], featu
         cls = _SkipFc
     else:
         return None
-    return bench._run(bench.drafter(final, cls), [{**sample, "features": features}])
+    return bench._run(bench.drafter(final, cls), [{**sample, "features": features}],
+                      [target_greedy(sample, bench.lm_head)])
 
 
 # --- the entry point ----------------------------------------------------------------------------

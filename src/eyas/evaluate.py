@@ -85,19 +85,26 @@ def tree_tau(topk_ids: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor, d
     return float(1 + accepted[rows].sum(1).float().mean()) if rows.any() else float("nan")
 
 
-def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int) -> dict:
+def target_greedy(sample: dict, lm_head: torch.Tensor) -> torch.Tensor:
+    """y_s = the target's greedy token after x_0..x_s, from the stored final-normed state: [T]."""
+    return (sample["last_hidden"].to(lm_head.dtype) @ lm_head.T).argmax(-1)  # [T, H] @ [H, V] -> [T]
+
+
+def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, *,
+                       greedy: torch.Tensor | None = None) -> dict:
     """Teacher-forced draft predictions and target ground truth for one unshifted sample.
 
     Chains start at every position whose given token x_{t+1} and first label x_{t+2} are part of
     the answer (loss_mask), i.e. the states decoding actually visits.
     Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth],
-    and in_vocab [N] (the depth-1 truth is in the draft vocab).
+    and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `target_greedy(sample,
+    lm_head)` when the caller already has it.
     """
     from eyas.data import shift_for_draft  # the one label shift
 
     ids = sample["input_ids"]  # [T]
-    # y_s = the target's greedy token after x_0..x_s, from the stored final-normed state
-    greedy = (sample["last_hidden"].to(lm_head.dtype) @ lm_head.T).argmax(-1)  # [T, H] -> [T]
+    if greedy is None:  # callers measuring many drafts on one sample pass it in (one full-vocab matmul)
+        greedy = target_greedy(sample, lm_head)
     truth, valid = chain_truth(ids, greedy, depth)
     s = shift_for_draft(sample)
     dtype = next(drafter.parameters()).dtype
