@@ -62,13 +62,14 @@ def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: i
     used, d2t, t2d = build_vocab_map(torch.randint(0, 1000, (V,), generator=g), draft_vocab)
     drafter = Drafter(contract, embed_tokens=0.02 * torch.randn(V, H, generator=g)).init_weights(0)
     drafter.set_vocab_map(d2t, t2d)
-    model = TTTUnroll(drafter, ttt_steps)
+    model = TTTUnroll(drafter, ttt_steps, 0.8)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-5, betas=ADAM_BETAS)
     batch = _batch(contract, tokens, 4, g)
+    heads = {a: lm_head.to(a or torch.float32) for a in VARIANTS.values()}  # as eyas.train: cast once
 
     def step(autocast) -> float:
         t0 = time.perf_counter()
-        forward_backward(model, batch, lm_head, used, step_decay=0.8, denom=float(tokens), autocast=autocast)
+        forward_backward(model, batch, heads[autocast], used, denom=float(tokens), autocast=autocast)
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

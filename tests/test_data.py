@@ -433,6 +433,22 @@ def test_capture_input_errors(tmp_path, target):
     assert not (tmp_path / "out").exists()
 
 
+def test_capture_cli_skip_takes_the_prompts_after_the_first_n(tmp_path, capsys):
+    """`eyas capture --skip N --limit M` captures prompts N..N+M-1 of the source, numbered from 0."""
+    from eyas.cli import main
+
+    folder = save_tiny_target(tmp_path / "t")
+    src = write(tmp_path / "p.txt", "\n".join(PROMPTS))
+    args = ["capture", "--prompts", str(src), "--target", str(folder), "--max-new-tokens", "3", "--dtype", "fp32"]
+    assert main([*args, "--skip", "1", "--limit", "2", "--out", str(tmp_path / "part")]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'part'}: 2 samples, ")
+    m = json.loads((tmp_path / "part" / "manifest.json").read_text())
+    assert m["prompts"]["count"] == 2
+    assert m["prompts"]["sha256"] == data._sha256("\0".join(PROMPTS[1:3]))
+    assert main([*args, "--skip", "5", "--out", str(tmp_path / "none")]) == 2
+    assert not (tmp_path / "none").exists()
+
+
 def test_no_stray_warnings_on_a_clean_read(captured):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -35,6 +35,7 @@ from eyas.target import Target, target_config, target_tensors
 from eyas.train import (
     TrainConfig,
     config_from_args,
+    latest_checkpoint,
     build_vocab_map,
     pack_batch,
     plan_epoch,
@@ -214,6 +215,33 @@ def test_ttt_loss_pairs_each_step_with_its_shifted_labels():
     assert bad[1, 1] < bad[2, 1]
 
 
+def test_target_probs_where_skips_positions_without_labels():
+    torch.manual_seed(0)
+    hidden, lm_head, used = torch.randn(2, 5, 8), torch.randn(12, 8), torch.tensor([0, 3, 4, 7, 9])
+    where = torch.tensor([[True, False, True, True, False], [False, True, True, False, True]])
+    p_all, in_all = target_probs(hidden, lm_head, used)
+    p, in_vocab = target_probs(hidden, lm_head, used, where=where)
+    assert torch.equal(p[where], p_all[where]) and torch.equal(in_vocab[where], in_all[where])
+    assert not p[~where].any() and not in_vocab[~where].any()
+
+
+def test_ttt_loss_with_head_on_labelled_rows_equals_full_logits():
+    """Training passes hidden states and `Drafter.head`: the lm_head runs on labelled rows only; the
+    loss, its gradient and the stats equal those of full logits."""
+    torch.manual_seed(0)
+    B, T, H, Vd, steps = 2, 7, 6, 5, 3
+    head = torch.nn.Linear(H, Vd, bias=False)
+    hidden = [torch.randn(B, T, H, requires_grad=True) for _ in range(steps)]
+    p = torch.softmax(torch.randn(B, T, Vd), -1)
+    valid = torch.rand(B, T) > 0.3
+    doc = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0]])
+    loss, stats = ttt_loss(hidden, p, valid, doc, 0.8, denom=5.0, head=head)
+    grad = torch.autograd.grad(loss, head.weight)[0]
+    full, full_stats = ttt_loss([head(h) for h in hidden], p, valid, doc, 0.8, denom=5.0)
+    assert torch.allclose(loss, full) and torch.equal(stats, full_stats)
+    assert torch.allclose(grad, torch.autograd.grad(full, head.weight)[0])
+
+
 def test_batches_cover_every_sample_once_and_split_by_tokens():
     lengths = [30, 5, 12, 40, 8, 20, 7]
     plan = plan_epoch(lengths, 40, seed=3, epoch=0, min_samples=2)
@@ -340,6 +368,26 @@ def test_resume_refuses_shards_at_other_capture_layers_and_old_runs(target_dir, 
     capture(Target.load(target_dir), prompts(4), [1, 2, 3], data, max_new_tokens=8, dtype="float32", progress=False)
     with pytest.raises(ContractError, match=r"captured at layers \[1, 2, 3\], the draft reads \[1, 2, 4\]"):
         train(config(data, out, target_dir, max_steps=1, lr=1e-12, resume=True))
+
+
+def test_captures_made_in_parallel_train_as_one(target_dir, captured, tmp_path):
+    """`eyas capture --skip` splits one prompt source over processes; `--data A,B` trains on all."""
+    t = Target.load(target_dir)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    capture(t, prompts()[:10], LAYERS, a, max_new_tokens=16, dtype="float32", progress=False)
+    capture(t, prompts()[10:], LAYERS, b, max_new_tokens=16, dtype="float32", progress=False)
+    out = tmp_path / "run"
+    summary = train(config(f"{a},{b}", out, target_dir, max_steps=2))
+    assert summary["train_samples"] == 16 and summary["steps"] == 2
+    state = torch.load(latest_checkpoint(out / "checkpoints"), weights_only=True)
+    fingerprints = [json.loads((d / "manifest.json").read_text())["fingerprint"] for d in (a, b)]
+    assert state["data"] == {"fingerprint": ",".join(fingerprints), "samples": 16}
+    assert state["config"]["data"] == f"{a.resolve()},{b.resolve()}"
+    capture(t, prompts(4), [1, 2, 3], c, max_new_tokens=8, dtype="float32", progress=False)
+    with pytest.raises(ContractError, match=rf"{c}: captured at layers \[1, 2, 3\], {a} at \[1, 2, 4\]"):
+        train(config(f"{a},{c}", tmp_path / "mixed", target_dir, max_steps=1))
+    with pytest.raises(EyasError, match="data=','"):
+        train(config(",", tmp_path / "none", target_dir))
 
 
 def test_module_flags_map_to_the_config():

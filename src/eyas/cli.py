@@ -265,17 +265,24 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from eyas.data import capture, read_prompts
     from eyas.target import Target
 
+    if args.skip < 0:
+        raise EyasError(f"--skip {args.skip}: must be >= 0", "pass the number of prompts to leave out")
+    end = None if args.limit is None else args.skip + args.limit
+    prompts = read_prompts(args.prompts, limit=end)[args.skip :]
+    if not prompts:
+        raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     target = Target.load(args.target, dtype=dtype)
     layers = _layers(args.capture_layers) or default_capture_layers(target.num_layers)
-    manifest = capture(target, read_prompts(args.prompts, limit=args.limit), layers, args.out,
+    manifest = capture(target, prompts, layers, args.out,
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
                        do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
                        seed=args.seed, skip_long=args.skip_long, max_length=args.max_length)
     if args.json:
         _print_json(manifest)
     else:
-        print(f"wrote {args.out}: {manifest['counts']}")
+        print(f"wrote {args.out}: {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
+              f"({manifest['num_loss_tokens']} answer tokens), {len(manifest['skipped_prompts'])} prompts skipped")
     return 0
 
 
@@ -508,7 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the shard folder (resumable: finished shards are kept)")
     p.add_argument("--target", metavar="DIR", help=target_help)
     p.add_argument("--capture-layers", metavar="K,K,K", help="capture indices (default: 2, N//2, N-3)")
-    p.add_argument("--limit", type=int, help="use the first N prompts")
+    p.add_argument("--limit", type=int, help="use the first N prompts (after --skip)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="leave out the first N prompts (split one source across captures run in parallel)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")

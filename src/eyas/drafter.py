@@ -462,13 +462,15 @@ class Drafter(nn.Module):
         *,
         cache: DraftCache | None = None,
         attn_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
+        with_logits: bool = True,
+    ) -> tuple[Tensor | None, Tensor]:
         """One draft step over T new positions -> (logits [B, T, Vd], next_hidden [B, T, H]).
 
         hidden [B, T, H] is `combine(features)` or the previous step's next_hidden; input_ids [B, T]
         are TARGET-vocab ids; position_ids [B, T] drive rope. With a cache the new keys/values are
         appended and queries see cache + new. attn_mask: bool [B or 1, T, cache_len + T], True =
-        may attend (a tree's ancestor mask); None = causal.
+        may attend (a tree's ancestor mask); None = causal. `with_logits=False` returns None for the
+        logits: training applies `head` to the labelled positions only.
         """
         T = hidden.shape[1]
         past = 0 if cache is None else cache.length
@@ -486,9 +488,12 @@ class Drafter(nn.Module):
             hidden = layer(hidden, cos, sin, attn_mask, cache)
         if cache is not None:
             cache.length += T  # every layer has appended T positions
-        normed = self.norm(hidden)
-        logits = self.lm_head(normed)  # [B, T, Vd]
-        return logits, (normed if self.contract.norm_output else hidden)
+        next_hidden = self.norm(hidden) if self.contract.norm_output else hidden
+        return (self.head(next_hidden) if with_logits else None), next_hidden
+
+    def head(self, next_hidden: Tensor) -> Tensor:
+        """Draft-vocab logits [..., Vd] from a step's next_hidden [..., H] (normed once either way)."""
+        return self.lm_head(next_hidden if self.contract.norm_output else self.norm(next_hidden))
 
     def forward_ttt(
         self,
@@ -499,8 +504,11 @@ class Drafter(nn.Module):
         next_ids: Tensor | None = None,
         position_ids: Tensor | None = None,
         document_ids: Tensor | None = None,
+        logits: bool = True,
     ) -> list[Tensor]:
-        """Training-time test: `steps` unrolled draft steps -> per-step logits, each [B, T, Vd].
+        """Training-time test: `steps` unrolled draft steps -> per-step logits, each [B, T, Vd]
+        (`logits=False`: each step's next_hidden [B, T, H] instead; `head` turns any rows of it into
+        logits, so training pays the lm_head only where a position has a label).
 
         Alignment: position t pairs features g_t (target prefix through token x_t) with
         input_ids[t] = x_{t+1}; step 0 at t predicts x_{t+2}, step j predicts x_{t+j+2}.
@@ -527,16 +535,17 @@ class Drafter(nn.Module):
         mask = ttt_mask(T, steps, document_ids, input_ids.device)
         cache = DraftCache(self, B)
         hidden, ids = self.combine(features), input_ids
-        all_logits = []
+        outputs = []
         for j in range(steps):
             step_mask = mask[..., : (j + 1) * T]  # step-0 block + the diagonal blocks of steps 1..j
-            logits, hidden = self(hidden, ids, position_ids + j, cache=cache, attn_mask=step_mask)
-            all_logits.append(logits)
+            step_logits, hidden = self(hidden, ids, position_ids + j, cache=cache, attn_mask=step_mask,
+                                       with_logits=logits or next_ids is None)
+            outputs.append(step_logits if logits else hidden)
             if next_ids is None:
-                ids = self.to_target_ids(logits.argmax(-1))
+                ids = self.to_target_ids(step_logits.argmax(-1))
             else:  # step j + 1 at t reads next_ids[t + j]
                 ids = torch.cat([next_ids[:, j:], next_ids.new_zeros(B, j)], dim=1)
-        return all_logits
+        return outputs
 
 
 # --- checks (user input: ContractError, naming what was found and what was expected) ---

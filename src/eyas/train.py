@@ -36,6 +36,7 @@ import time
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 class TrainConfig:
     """Every knob of a training run; field names are the CLI flag names (`--draft-vocab`, ...)."""
 
-    data: str  # a capture folder written by `eyas capture`
+    data: str  # a capture folder written by `eyas capture`, or several joined by commas
     out: str  # run folder: checkpoints/, train_log.jsonl, train_curves.png, draft/
     target: str | None = None  # the target the data was captured from; None = embedded default
     draft_vocab: int | None = None  # draft vocab size; None = the target's full vocab (no d2t/t2d)
@@ -234,20 +235,36 @@ def pack_batch(samples: list[dict[str, Tensor]], row_len: int) -> dict[str, Tens
 
 
 @torch.no_grad()
-def target_probs(target_hidden: Tensor, lm_head: Tensor, used: Tensor | None) -> tuple[Tensor, Tensor]:
+def target_probs(
+    target_hidden: Tensor,
+    lm_head: Tensor,
+    used: Tensor | None,
+    where: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
     """The target's distribution over the draft vocab, and where its argmax is drafted at all.
 
     target_hidden [B, T, H] (final-normed), lm_head [V, H] (the target's), used [Vd] sorted target
-    ids or None (full vocab). Returns p [B, T, Vd] = softmax(logits[..., used]), renormalised over
-    the draft vocab, and in_vocab [B, T] bool = argmax over the FULL vocab is a drafted token
-    (EAGLE's position mask: a token the draft cannot emit is not a label). fp32 throughout.
+    ids or None (full vocab), where [B, T] bool: the positions that need labels (None: all; the
+    full-vocab matmul is most of this function's cost, so the others are skipped: p 0, in_vocab
+    False). Returns p [B, T, Vd] = softmax(logits[..., used]), renormalised over the draft vocab,
+    and in_vocab [B, T] bool = argmax over the FULL vocab is a drafted token (EAGLE's position
+    mask: a token the draft cannot emit is not a label). The matmul runs in `dtype` (training in
+    bf16 computes its labels in bf16 too: 2.5x faster on CPU), the softmax in fp32.
     """
-    logits = target_hidden.float() @ lm_head.float().T  # [B, T, H] -> [B, T, V]
+    if where is None:
+        where = torch.ones(target_hidden.shape[:-1], dtype=torch.bool, device=target_hidden.device)
+    logits = (target_hidden[where].to(dtype) @ lm_head.to(dtype).T).float()  # [N, H] -> [N, V]
+    Vd = logits.shape[-1] if used is None else used.shape[0]
+    p = logits.new_zeros(*where.shape, Vd)
+    in_vocab = torch.zeros_like(where)
     if used is None:
-        return torch.softmax(logits, dim=-1), torch.ones(logits.shape[:-1], dtype=torch.bool, device=logits.device)
+        p[where], in_vocab[where] = torch.softmax(logits, dim=-1), True
+        return p, in_vocab
     t2d = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
     t2d[used] = True
-    return torch.softmax(logits[..., used], dim=-1), t2d[logits.argmax(-1)]
+    p[where], in_vocab[where] = torch.softmax(logits[:, used], dim=-1), t2d[logits.argmax(-1)]
+    return p, in_vocab
 
 
 def step_labels(p: Tensor, valid: Tensor, document_ids: Tensor, j: int) -> tuple[Tensor, Tensor]:
@@ -259,44 +276,56 @@ def step_labels(p: Tensor, valid: Tensor, document_ids: Tensor, j: int) -> tuple
 
 
 def ttt_loss(
-    step_logits: list[Tensor], p: Tensor, valid: Tensor, document_ids: Tensor, step_decay: float, denom: float
+    step_outputs: list[Tensor],
+    p: Tensor,
+    valid: Tensor,
+    document_ids: Tensor,
+    step_decay: float,
+    denom: float,
+    head: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """sum_j step_decay**j * (soft cross-entropy of step j, summed over its labelled positions) / denom.
 
-    step_logits: per step [B, T, Vd] (draft logits); p, valid, document_ids as in `step_labels`.
-    `denom` is the number of loss positions in the GLOBAL batch, the same for every step and every
-    process, so a batch split across processes sums to the single-process loss. Returns the loss
-    and stats [3, steps] (summed loss, correct argmax, labelled positions) for the logs.
+    step_outputs: per step [B, T, Vd] draft logits, or with `head` [B, T, H] hidden states that
+    `head` turns into logits (`Drafter.head`: applied to the labelled rows only, which spares the
+    lm_head and the log-softmax on prompt and unlabelled positions). p, valid, document_ids as in
+    `step_labels`. `denom` is the number of loss positions in the GLOBAL batch, the same for every
+    step and every process, so a batch split across processes sums to the single-process loss.
+    Returns the loss and stats [3, steps] (summed loss, correct argmax, labelled positions).
     """
     total = p.new_zeros(())
-    stats = p.new_zeros(3, len(step_logits))
-    for j, logits in enumerate(step_logits):
-        T = logits.shape[1]
+    stats = p.new_zeros(3, len(step_outputs))
+    for j, out in enumerate(step_outputs):
+        T = out.shape[1]
         if j >= T:
             break
         p_j, mask_j = step_labels(p, valid, document_ids, j)
-        log_q = F.log_softmax(logits[:, : T - j].float(), dim=-1)  # [B, T-j, Vd]
-        ce = -(p_j * log_q).sum(-1)  # [B, T-j]
-        loss_j = torch.where(mask_j, ce, 0.0).sum()  # where, not *: 0 * nan is nan
+        rows = out[:, : T - j][mask_j]  # [N_j, Vd or H]: the labelled positions of step j
+        log_q = F.log_softmax((head(rows) if head else rows).float(), dim=-1)  # [N_j, Vd]
+        p_j = p_j[mask_j]
+        loss_j = -(p_j * log_q).sum()
         total = total + step_decay**j * loss_j
         with torch.no_grad():
-            correct = (log_q.argmax(-1) == p_j.argmax(-1)) & mask_j
+            correct = log_q.argmax(-1) == p_j.argmax(-1)
             stats[:, j] = torch.stack([loss_j.detach(), correct.sum().float(), mask_j.sum().float()])
     return total / denom, stats
 
 
 class TTTUnroll(nn.Module):
-    """The TTT unroll as a module `forward`, so DistributedDataParallel can wrap it."""
+    """The TTT unroll and its loss as a module `forward`, so DistributedDataParallel can wrap it
+    (every parameter, lm_head included, is used inside `forward`)."""
 
-    def __init__(self, drafter: Drafter, steps: int):
+    def __init__(self, drafter: Drafter, steps: int, step_decay: float):
         super().__init__()
-        self.drafter, self.steps = drafter, steps
+        self.drafter, self.steps, self.step_decay = drafter, steps, step_decay
 
-    def forward(self, batch: dict[str, Tensor]) -> list[Tensor]:
-        return self.drafter.forward_ttt(
+    def forward(self, batch: dict[str, Tensor], p: Tensor, valid: Tensor, denom: float) -> tuple[Tensor, Tensor]:
+        """`ttt_loss` of the teacher-forced unroll on a packed batch: (loss, stats)."""
+        hidden = self.drafter.forward_ttt(
             batch["features"], batch["input_ids"], self.steps, next_ids=batch["next_ids"],
-            position_ids=batch["position_ids"], document_ids=batch["document_ids"],
+            position_ids=batch["position_ids"], document_ids=batch["document_ids"], logits=False,
         )
+        return ttt_loss(hidden, p, valid, batch["document_ids"], self.step_decay, denom, head=self.drafter.head)
 
 
 def forward_backward(
@@ -305,7 +334,6 @@ def forward_backward(
     lm_head: Tensor,
     used: Tensor | None,
     *,
-    step_decay: float,
     denom: float,
     autocast: torch.dtype | None,
     world_size: int = 1,
@@ -316,11 +344,11 @@ def forward_backward(
     target ids (None: full vocab); autocast a dtype for the forward or None (fp32). Returns
     [1 + 3 * steps]: the loss, then `ttt_loss`'s stats, summed over all ranks.
     """
-    p, in_vocab = target_probs(batch["target_hidden"], lm_head, used)
+    p, in_vocab = target_probs(batch["target_hidden"], lm_head, used, where=batch["loss_mask"],
+                               dtype=autocast or torch.float32)
     device_type = batch["input_ids"].device.type
     with torch.autocast(device_type, dtype=autocast) if autocast else contextlib.nullcontext():
-        step_logits = model(batch)
-    loss, stats = ttt_loss(step_logits, p, batch["loss_mask"] & in_vocab, batch["document_ids"], step_decay, denom)
+        loss, stats = model(batch, p, batch["loss_mask"] & in_vocab, denom)
     (loss * world_size).backward()  # DDP averages gradients over ranks; the loss is a global sum
     report = torch.cat([loss.detach().reshape(1), stats.flatten()])
     if world_size > 1:  # each rank's loss is its share of the global sum: sum everything
@@ -369,7 +397,7 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 def _config_dict(config: TrainConfig) -> dict[str, Any]:
     d = dataclasses.asdict(config)
-    d["data"] = str(Path(config.data).resolve())
+    d["data"] = ",".join(str(Path(f).resolve()) for f in data_folders(config))
     d["out"] = str(Path(config.out).resolve())
     d["target"] = target_name(config.target)
     return d
@@ -468,10 +496,28 @@ def _check_config(c: TrainConfig) -> None:
         bad.append(f"eval_fraction={c.eval_fraction} (must be in [0, 1))")
     if c.save_every < 0 or (c.eval_every is not None and c.eval_every < 0) or (c.warmup is not None and c.warmup < 0):
         bad.append("save_every, eval_every and warmup must be >= 0")
+    if not data_folders(c):
+        bad.append(f"data={c.data!r} (a capture folder, or several joined by commas)")
     if c.dtype not in AUTOCAST or c.export_dtype not in EXPORT_DTYPES:
         bad.append(f"dtype={c.dtype!r}, export_dtype={c.export_dtype!r} (each bf16 or fp32)")
     if bad:
         raise EyasError("invalid training settings: " + "; ".join(bad), "fix the flags named above")
+
+
+def data_folders(config: TrainConfig) -> list[str]:
+    """The capture folders of `config.data` (comma-separated: captures run in parallel, e.g. with
+    `eyas capture --skip`, train as one data set)."""
+    return [f for f in config.data.split(",") if f]
+
+
+def _same_capture_layers(captures: list) -> list[int]:
+    """The capture layers all folders share; folders captured at other layers are refused."""
+    layers = captures[0].capture_layers
+    for data in captures[1:]:
+        if data.capture_layers != layers:
+            raise ContractError(f"{data.folder}: captured at layers {data.capture_layers}, "
+                                f"{captures[0].folder} at {layers}", "train on captures made at the same layers")
+    return layers
 
 
 def _load_samples(data, max_len: int) -> list[dict[str, Tensor]]:
@@ -591,10 +637,11 @@ def _run(config: TrainConfig, rank: int, world_size: int) -> dict[str, Any]:
     # or (resuming) at other capture layers than the draft reads.
     tcfg = target_config(config.target)
     expect_layers = state["contract"]["capture_layers"] if state else None
-    data = open_shards(config.data, for_training=True, expect_target=target_name(config.target),
-                       expect_capture_layers=expect_layers)
-    samples = _load_samples(data, config.max_len)
-    data_id = {"fingerprint": data.manifest["fingerprint"], "samples": len(samples)}
+    captures = [open_shards(f, for_training=True, expect_target=target_name(config.target),
+                            expect_capture_layers=expect_layers) for f in data_folders(config)]
+    capture_layers = _same_capture_layers(captures)
+    samples = [s for data in captures for s in _load_samples(data, config.max_len)]
+    data_id = {"fingerprint": ",".join(data.manifest["fingerprint"] for data in captures), "samples": len(samples)}
     if state and state["data"] != data_id:
         raise EyasError(f"{config.data} is not the capture {latest} was trained on ({state['data']} there, "
                         f"{data_id} now)", "resume with the same data, or train into a new --out")
@@ -605,9 +652,11 @@ def _run(config: TrainConfig, rank: int, world_size: int) -> dict[str, Any]:
         raise EyasError(f"{len(train_set)} training samples for {world_size} processes",
                         "capture more data or use fewer processes")
 
-    drafter, lm_head, used, coverage = build_draft(config, tcfg, data.capture_layers, train_set)
+    drafter, lm_head, used, coverage = build_draft(config, tcfg, capture_layers, train_set)
     contract = drafter.to(device).contract
     lm_head, used = lm_head.to(device), None if used is None else used.to(device)
+    autocast = AUTOCAST[config.dtype]
+    label_head = lm_head.to(autocast or torch.float32)  # the labels' matmul runs in the training dtype
 
     lengths = [s["input_ids"].shape[0] for s in train_set]
     plans = [plan_epoch(lengths, config.batch_tokens, config.seed, e, world_size) for e in range(config.epochs)]
@@ -625,7 +674,7 @@ def _run(config: TrainConfig, rank: int, world_size: int) -> dict[str, Any]:
         scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
         step, epoch, batch_at = state["step"], state["epoch"], state["batch"]
-    model: nn.Module = TTTUnroll(drafter, config.ttt_steps)
+    model: nn.Module = TTTUnroll(drafter, config.ttt_steps, config.step_decay)
     if world_size > 1:  # buffers (d2t, t2d, shared embeddings) never change: no per-step broadcast
         with warnings.catch_warnings():  # torch 2.13 renames broadcast_buffers; torch 2.9 has only this name
             warnings.simplefilter("ignore", FutureWarning)
@@ -643,7 +692,6 @@ def _run(config: TrainConfig, rank: int, world_size: int) -> dict[str, Any]:
         elif log_path.exists():
             log_path.unlink()
     eval_every = config.save_every if config.eval_every is None else config.eval_every
-    autocast = AUTOCAST[config.dtype]
     bar = tqdm(total=total, initial=step, unit="step", desc="train", file=sys.stderr,
                disable=not (config.progress and main_rank))
     last = {"loss": None, "acc_by_step": None, "eval": None}
@@ -684,7 +732,7 @@ def _run(config: TrainConfig, rank: int, world_size: int) -> dict[str, Any]:
         mine = [train_set[i] for i in rank_share(batch_ids, lengths, rank, world_size)]
         denom = float(sum(int(train_set[i]["loss_mask"].sum()) for i in batch_ids))
         batch = {k: v.to(device) for k, v in pack_batch(mine, config.max_len).items()}
-        report = forward_backward(model, batch, lm_head, used, step_decay=config.step_decay, denom=denom,
+        report = forward_backward(model, batch, label_head, used, denom=denom,
                                   autocast=autocast, world_size=world_size)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.grad_clip))
         loss_value = float(report[0])
