@@ -42,8 +42,9 @@ def test_shipped_draft_beats_chance_standalone(capsys):
                  "--depth", "5"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["tokens"] > 60
-    # a random draft is right about 1 time in 10,000 (tests/test_evaluate.py): this one learned
-    assert rep["acceptance_by_depth"][0] > 0.1 and rep["tau_chain"]["5"] > 1.1
+    # a random draft is right about 1 time in 10,000 (tests/test_evaluate.py): this one learned.
+    # Measured here: depth-1 0.33, tau(5) 1.51 (on all 80 questions x 256 tokens: 0.41, 1.69).
+    assert rep["acceptance_by_depth"][0] > 0.25 and rep["tau_chain"]["5"] > 1.3
 
 
 @pytest.fixture(scope="module")
