@@ -21,8 +21,10 @@ capture() {
   $EYAS capture --prompts sharegpt --skip "$1" --limit 768 --max-new-tokens 256 --max-length 512 --skip-long \
     --batch-size 16 --dtype bf16 --out "$RUN/shards-$2"
 }
-capture 0 a & a=$!; capture 768 b & b=$!; wait $a && wait $b
-capture 1536 c & c=$!; capture 2304 d & d=$!; wait $c && wait $d
+# Two captures side by side; a failure in either stops the recipe (`wait` alone, so `set -e` sees it).
+pair() { capture "$1" "$2" & local first=$!; capture "$3" "$4"; wait "$first"; }
+pair 0 a 768 b
+pair 1536 c 2304 d
 
 # 2. Training-time test over the four captures: 2 processes (DDP, gloo), ~1024 tokens per global
 # batch, 5 TTT steps (the eval's k=5; step weights 0.8^j), 8192-token draft vocab, bf16 autocast,
