@@ -1,0 +1,135 @@
+"""Writing outputs so that a crash or a kill leaves the old file or the new one, never half of one.
+
+One rule for every file eyas writes (checkpoints, configs, shards, manifests, logs, plots, caches):
+write into a temp file beside the destination, flush and fsync it, give it an ordinary mode
+(`mkstemp`/`mkdtemp` make private files; outputs follow the umask like any other file), rename it
+into place, then fsync the folder so the rename itself survives a power cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file (or a folder's entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ordinary_modes(path: Path) -> None:
+    """Give a temp file or folder (and what it holds) the modes a plain `open`/`mkdir` would."""
+    mask = _umask()
+    if path.is_dir():
+        path.chmod(0o777 & ~mask)
+        for p in path.rglob("*"):
+            p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
+    else:
+        path.chmod(0o666 & ~mask)
+
+
+def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """`write(f)` into a temp file beside `path`, then fsync and rename it over `path`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        ordinary_modes(Path(tmp))
+        os.replace(tmp, path)
+        fsync_path(path.parent)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone already when the rename succeeded
+    return path
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    return write_atomic(path, lambda f: f.write(data))
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Pretty JSON with a final newline, written atomically."""
+    return write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+@contextmanager
+def temp_file(path: str | Path) -> Iterator[Path]:
+    """A temp path beside `path` for writers that want a file name (safetensors' `save_file`).
+
+    On a clean exit the file is fsynced, given an ordinary mode and renamed over `path`;
+    on an error it is removed and `path` is untouched.
+    """
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        fsync_path(tmp)
+        ordinary_modes(tmp)
+        os.replace(tmp, path)
+        fsync_path(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def temp_folder(dst: str | Path, *, replace: bool = False) -> Iterator[Path]:
+    """A temp folder beside `dst`; on a clean exit it becomes `dst`, on an error nothing is left.
+
+    With `replace`, an existing non-empty `dst` is moved aside first and removed only once the new
+    folder is in place (if the final rename fails, the old folder is put back).
+    """
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                fsync_path(f)
+        ordinary_modes(tmp)
+        _install(tmp, dst, replace)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
+
+
+def _install(tmp: Path, dst: Path, replace: bool) -> None:
+    old = None
+    if dst.is_dir() and any(dst.iterdir()):
+        if not replace:
+            raise FileExistsError(f"{dst}: not empty")
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+        os.replace(dst, old / dst.name)
+    try:
+        os.replace(tmp, dst)  # replaces an empty folder too
+    except OSError:
+        if old is not None:
+            os.replace(old / dst.name, dst)
+            old.rmdir()
+        raise
+    fsync_path(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
