@@ -3,11 +3,12 @@ chain and eyas tree, on the same prompts in one run (see eyas.bench.run_bench fo
 
 The table goes to stderr, one JSON line (the whole report: methods, categories, per-prompt numbers,
 shapes, environment) to stdout. On a shared machine pass `--threads 1`: OpenMP workers spinning
-against other processes make single decode steps vary by several x.
+against other processes make single decode steps vary by several x. Without a drafter, the draft
+eyas ships for the target; without `--dtype`, the dtype measured fastest on this machine (`auto`).
 
-    .venv/bin/python benchmarks/bench_decode.py ./draft --threads 1                   # MT-bench, bf16
+    .venv/bin/python benchmarks/bench_decode.py --threads 1                        # MT-bench, shipped draft
     .venv/bin/python benchmarks/bench_decode.py ./draft --prompts copy --dtype fp32 --plot speedup.png
-    .venv/bin/python benchmarks/bench_decode.py ./draft --prompts mtbench,copy --limit 16 --sweep
+    .venv/bin/python benchmarks/bench_decode.py --prompts mtbench,copy --limit 16 --sweep
 """
 
 from __future__ import annotations
@@ -19,16 +20,24 @@ import sys
 import torch
 
 from eyas.bench import format_bench, run_bench
+from eyas.drafter_loading import resolve_drafter
+from eyas.dtype_choice import AUTO, DECODE_DTYPES
+from eyas.dtypes import choices
+from eyas.generate import NGRAM_TOKENS
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("drafter", help="a draft folder for the target (any format eyas reads)")
+    p.add_argument("drafter", nargs="?", help="a draft folder for the target (default: the draft eyas ships for it)")
     p.add_argument("--target", help="a local target folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, copy, a .jsonl file, or a comma list")
     p.add_argument("--limit", type=int, help="N prompts, spread evenly over the categories")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--dtype", choices=(AUTO, *choices(DECODE_DTYPES)), default=AUTO,
+                   help="auto (the faster on this machine, measured once), or bf16 / fp32 in eyas's or "
+                   "transformers' spelling (bfloat16, float32)")
+    p.add_argument("--ngram-tokens", type=int, default=NGRAM_TOKENS,
+                   help=f"the n-gram branch of every round's tree, in tokens; 0: off (default {NGRAM_TOKENS})")
     p.add_argument("--draft-tokens", type=int, help="chain length (default: the cached best, else 4)")
     p.add_argument("--tree", metavar="DEPTH,TOP_K,BUDGET", help="tree shape (default: the cached best)")
     p.add_argument("--sweep", action="store_true", help="time chain lengths and tree shapes first; cache the fastest")
@@ -37,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run_bench(args.drafter, target=args.target, prompts=args.prompts, limit=args.limit,
-                       max_new_tokens=args.max_new_tokens, dtype=args.dtype, draft_tokens=args.draft_tokens,
-                       tree=args.tree, sweep=args.sweep, plot=args.plot)
+    report = run_bench(resolve_drafter(args.drafter, args.target), target=args.target, prompts=args.prompts,
+                       limit=args.limit, max_new_tokens=args.max_new_tokens, dtype=args.dtype,
+                       draft_tokens=args.draft_tokens, tree=args.tree, ngram_tokens=args.ngram_tokens,
+                       sweep=args.sweep, plot=args.plot)
     print(format_bench(report), file=sys.stderr)
     print(json.dumps(report))
     return 0

@@ -1,17 +1,19 @@
-"""One draft training step at the embedded default's size: bf16 autocast vs fp32, same run.
+"""One draft training step at the embedded default's size: bf16 autocast vs fp32, and the two TTT
+attentions (EAGLE's diagonal, the default, vs the steps^2 x T^2 mask), all in the same run.
 
 The draft mirrors SmolLM2-135M-Instruct (H=576, 9 heads / 3 kv, I=1536, V=49152, 3 capture layers)
 with a reduced draft vocab (default 8192). A step is exactly what `eyas.train` does per optimizer
 step: target probabilities from the stored final hidden state (the full-vocab matmul included),
-the 7-step TTT unroll, soft cross-entropy, backward, grad clipping, AdamW. The batch is one packed
+the TTT unroll, soft cross-entropy, backward, grad clipping, AdamW. The batch is one packed
 row of `tokens` positions made of 4 documents. Weights, features and ids are seeded random: the cost
 does not depend on their values, so no target weights are read (only its config.json).
 
-Variants are timed interleaved (fp32, bf16, fp32, ...) so machine noise hits both alike; the median
-step is reported with the bf16/fp32 ratio.
+Variants (dtype x attention) are timed interleaved (fp32/masked, fp32/diagonal, bf16/masked, ...) so
+machine noise hits all alike; the median step is reported with the bf16/fp32 and masked/diagonal
+ratios.
 
     .venv/bin/python benchmarks/bench_train.py                        # 1024 tokens, 7 TTT steps
-    .venv/bin/python benchmarks/bench_train.py --tokens 512 --repeats 2
+    .venv/bin/python benchmarks/bench_train.py --tokens 512 --repeats 2 --dtypes bf16
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import torch
 from eyas.bench import git_commit
 from eyas.contract import contract_for_target
 from eyas.drafter import Drafter
+from eyas.shift import label_ids
 from eyas.target import target_config, target_name
 from eyas.train import ADAM_BETAS, TTTUnroll, build_vocab_map, forward_backward
 
-VARIANTS = {"fp32": None, "bf16": torch.bfloat16}
-
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+ATTENTIONS = {"masked": True, "diagonal": False}  # forward_ttt(masked=...)
 
 
 def _batch(contract, tokens: int, docs: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -45,7 +48,7 @@ def _batch(contract, tokens: int, docs: int, g: torch.Generator) -> dict[str, to
         "features": torch.randn(1, tokens, contract.fc_in_features, generator=g),
         "target_hidden": torch.randn(1, tokens, contract.hidden_size, generator=g),
         "input_ids": ids,
-        "next_ids": torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], dim=1),
+        "next_ids": label_ids(ids),
         "position_ids": (torch.arange(tokens) - starts)[None],
         "loss_mask": torch.ones(1, tokens, dtype=torch.bool),
         "document_ids": doc[None],
@@ -53,8 +56,9 @@ def _batch(contract, tokens: int, docs: int, g: torch.Generator) -> dict[str, to
 
 
 def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: int = 1024, ttt_steps: int = 7,
-                repeats: int = 3, warmup: int = 1) -> dict:
-    """Median step time and tokens/s per variant (fp32, bf16 autocast), and their ratio."""
+                repeats: int = 3, warmup: int = 1, dtypes: tuple[str, ...] = tuple(DTYPES),
+                attentions: tuple[str, ...] = tuple(ATTENTIONS)) -> dict:
+    """Median step time and tokens/s per variant `{dtype}_{attention}`, and the speedups between them."""
     g = torch.Generator().manual_seed(0)
     contract = contract_for_target(target_config(target), draft_vocab_size=draft_vocab, name=target_name(target))
     V, H = contract.vocab_size, contract.hidden_size
@@ -62,27 +66,33 @@ def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: i
     used, d2t, t2d = build_vocab_map(torch.randint(0, 1000, (V,), generator=g), draft_vocab)
     drafter = Drafter(contract, embed_tokens=0.02 * torch.randn(V, H, generator=g)).init_weights(0)
     drafter.set_vocab_map(d2t, t2d)
-    model = TTTUnroll(drafter, ttt_steps, 0.8)
+    models = {a: TTTUnroll(drafter, ttt_steps, 0.8, masked=ATTENTIONS[a]) for a in attentions}
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-5, betas=ADAM_BETAS)
     batch = _batch(contract, tokens, 4, g)
-    heads = {a: lm_head.to(a or torch.float32) for a in VARIANTS.values()}  # as eyas.train: cast once
+    heads = {d: lm_head.to(DTYPES[d] or torch.float32) for d in dtypes}  # as eyas.train: cast once
+    variants = [(d, a) for d in dtypes for a in attentions]
 
-    def step(autocast) -> float:
+    def step(dtype: str, attention: str) -> float:
         t0 = time.perf_counter()
-        forward_backward(model, batch, heads[autocast], used, denom=float(tokens), autocast=autocast)
+        forward_backward(models[attention], batch, heads[dtype], used, denom=float(tokens), autocast=DTYPES[dtype])
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    for autocast in VARIANTS.values():
+    for variant in variants:
         for _ in range(warmup):
-            step(autocast)
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            step(*variant)
+    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
     for _ in range(repeats):
-        for name, autocast in VARIANTS.items():  # interleaved
-            times[name].append(step(autocast))
-    med = {v: statistics.median(s) for v, s in times.items()}
+        for variant in variants:  # interleaved
+            times[variant].append(step(*variant))
+    med = {f"{d}_{a}": statistics.median(s) for (d, a), s in times.items()}
+    speedups = {}
+    if "fp32" in dtypes and "bf16" in dtypes:
+        speedups.update({f"bf16_speedup_{a}": round(med[f"fp32_{a}"] / med[f"bf16_{a}"], 3) for a in attentions})
+    if set(ATTENTIONS) <= set(attentions):
+        speedups.update({f"diagonal_speedup_{d}": round(med[f"{d}_masked"] / med[f"{d}_diagonal"], 3) for d in dtypes})
     return {
         "bench": "train",
         "target": contract.verifier.name_or_path,
@@ -94,7 +104,7 @@ def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: i
         "repeats": repeats,
         **{f"{v}_step_time_ms": round(1000 * s, 1) for v, s in med.items()},
         **{f"{v}_tokens_per_s": round(tokens / s, 1) for v, s in med.items()},
-        "bf16_speedup": round(med["fp32"] / med["bf16"], 3),
+        **speedups,
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -111,14 +121,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of fp32,bf16")
+    p.add_argument("--attentions", default=",".join(ATTENTIONS), help="comma-separated subset of masked,diagonal")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    dtypes, attentions = tuple(args.dtypes.split(",")), tuple(args.attentions.split(","))
+    if not (set(dtypes) <= set(DTYPES) and set(attentions) <= set(ATTENTIONS)):
+        p.error(f"--dtypes takes {','.join(DTYPES)}, --attentions {','.join(ATTENTIONS)}")
     r = bench_train(args.target, draft_vocab=args.draft_vocab, tokens=args.tokens, ttt_steps=args.ttt_steps,
-                    repeats=args.repeats)
-    for v in VARIANTS:
-        print(f"{v}: {r[f'{v}_step_time_ms']:.0f} ms/step, {r[f'{v}_tokens_per_s']:.1f} tokens/s", file=sys.stderr)
-    print(f"bf16 autocast speedup over fp32: {r['bf16_speedup']:.2f}x ({r['threads']} threads)", file=sys.stderr)
+                    repeats=args.repeats, dtypes=dtypes, attentions=attentions)
+    for d in dtypes:
+        for a in attentions:
+            v = f"{d}_{a}"
+            print(f"{v}: {r[f'{v}_step_time_ms']:.0f} ms/step, {r[f'{v}_tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+    for k in (k for k in r if "_speedup_" in k):
+        print(f"{k}: {r[k]:.2f}x ({r['threads']} threads)", file=sys.stderr)
     print(json.dumps(r))
     return 0
 

@@ -29,10 +29,10 @@ pair 1536 c 2304 d
 # 2. Training-time test over the four captures: 2 processes (DDP, gloo), ~1024 tokens per global
 # batch, 5 TTT steps (the eval's k=5; step weights 0.8^j), 8192-token draft vocab, bf16 autocast,
 # 3 epochs. About 50 minutes.
-.venv/bin/torchrun --standalone --nproc_per_node=2 -m eyas.train \
+.venv/bin/torchrun --standalone --nproc_per_node=2 -m eyas train \
   --data "$RUN/shards-a,$RUN/shards-b,$RUN/shards-c,$RUN/shards-d" --out "$RUN/train" --draft-vocab 8192 \
   --epochs 3 --ttt-steps 5 --lr 1e-3 --batch-tokens 1024 --max-len 512 --export-dtype bf16 \
-  --save-every 100 --eval-every 300 --eval-fraction 0.02 --no-progress > "$RUN/train_summary.json"
+  --save-every 100 --eval-every 300 --eval-fraction 0.02 --no-progress --json > "$RUN/train_summary.json"
 
 # 3. Ship it: the exported draft (both formats, bf16, no embed_tokens) plus its training log.
 DST=src/eyas/drafts/smollm2-135m-instruct

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The main job on the embedded default (SmolLM2-135M-Instruct) with the draft eyas ships for it:
-# inspect it, measure it standalone on a handful of MT-bench questions (tau and per-depth acceptance),
-# then a short benchmark against Hugging Face greedy and prompt lookup (the speedup).
+# The main job on the embedded default (SmolLM2-135M-Instruct) with the draft eyas ships for it
+# (every verb below reads that draft when none is named): inspect it, measure it standalone on a
+# handful of MT-bench questions (tau and per-depth acceptance), then a short benchmark against
+# Hugging Face greedy and prompt lookup (the speedup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EYAS=.venv/bin/eyas
-DRAFT=$(.venv/bin/python -c "from eyas.drafter import resolve_drafter; print(resolve_drafter(None))")
-$EYAS inspect "$DRAFT"
+$EYAS inspect
 $EYAS eval --prompts mtbench --limit 5 --max-new-tokens 128
 $EYAS bench --prompts mtbench --limit 3 --max-new-tokens 96

@@ -1,4 +1,4 @@
-"""eyas.bench: `eyas bench` / `eyas generate` on a tiny random chat target and a tiny random draft saved to
+"""eyas.bench and eyas.generate: `eyas bench` / `eyas generate` on a tiny random chat target and a tiny random draft saved to
 disk (nothing downloaded). Speed is measured in benchmarks/, never asserted here."""
 
 from __future__ import annotations
@@ -13,23 +13,30 @@ from test_data import save_tiny_target
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+import eyas.bench.run as bench_run
 from eyas import bench
-from eyas.bench import (
-    METHODS,
-    TextStream,
-    bench_prompts,
-    format_bench,
-    format_generate,
-    parse_tree,
-    read_best_shape,
-    run_bench,
-    run_generate,
-    torch_dtype,
-)
+from eyas.bench import METHODS, bench_prompts, format_bench, run_bench
+from eyas import dtype_choice
+from eyas.bench.timing import Run, spread, summary
 from eyas.contract import Verifier
-from eyas.decode import DraftTree, _Stats
+from eyas.data import eos_ids
+from eyas.decode import DecodeStats, DraftTree, generate
+from eyas.draft_shape import decode_shape, parse_tree, read_best_shape, save_best_shape
+from eyas.drafter_loading import load_drafter
+from eyas.dtype_choice import resolve_dtype
+from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats import write_checkpoint
+from eyas.generate import (
+    DECODE_DTYPES,
+    NGRAM_TOKENS,
+    TARGET_ALONE,
+    TextStream,
+    chat_ids,
+    format_generate,
+    run_generate,
+)
+from eyas.machine import cpu_flags
 from eyas.target import Target
 
 PROMPTS = [  # words of test_data's word-level vocabulary
@@ -73,6 +80,21 @@ def prompt_file(tmp_path, records=PROMPTS, name="p.jsonl"):
     return path
 
 
+def decode_tau(target, draft, shape: dict, *, max_new_tokens: int, ngram_tokens: int) -> float:
+    """tau over PROMPTS of decode.generate with `shape` and an n-gram branch (fp32, greedy, stop at end
+    of turn): the tokens every round produced over the rounds, summed over the prompts."""
+    target_model = Target.load(target, dtype=torch.float32)
+    drafter = load_drafter(draft, target=target)
+    produced = rounds = 0
+    for record in PROMPTS:
+        ids = chat_ids(target_model, record["prompt"], max_new_tokens=max_new_tokens)
+        _, stats = generate(target_model, drafter, ids, max_new_tokens=max_new_tokens,
+                            stop_ids=eos_ids(target_model), ngram_tokens=ngram_tokens, **decode_shape(shape))
+        produced += sum((a + 1) * c for a, c in enumerate(stats["accept_counts"]))
+        rounds += stats["rounds"]
+    return produced / rounds
+
+
 def test_run_bench_all_methods(saved, tmp_path):
     target, draft = saved
     png = tmp_path / "speedup.png"
@@ -89,11 +111,24 @@ def test_run_bench_all_methods(saved, tmp_path):
         assert rep["methods"][name]["identical_prompts"] == 3
     assert rep["methods"]["hf_greedy"]["tau"] is None and rep["methods"]["hf_prompt_lookup"]["tau"] is None
     assert rep["methods"]["eyas_target"]["tau"] == 1.0
-    assert rep["methods"]["eyas_chain"]["tau"] >= 1.0 and rep["methods"]["eyas_tree"]["tau"] >= 1.0
+    for name, depth in (("eyas_chain", 4), ("eyas_tree", 5)):  # the default shapes: chain k=4, tree depth 5
+        tau = rep["methods"][name]["tau"]
+        assert 1.0 <= tau <= 1 + depth, name  # a round yields its accepted draft tokens + 1
+        # the same greedy decode calls, pooled by hand: what bench reports is what decode counted
+        assert tau == pytest.approx(decode_tau(target, draft, rep["shapes"][name], max_new_tokens=6,
+                                               ngram_tokens=rep["ngram_tokens"])), name
     chain = rep["methods"]["eyas_chain"]
-    assert len(chain["acceptance_by_depth"]) == rep["shapes"]["eyas_chain"]["draft_tokens"]
+    # depths up to the chain's and the n-gram branch's (the bench's default: NGRAM_TOKENS)
+    assert rep["ngram_tokens"] == NGRAM_TOKENS
+    assert len(chain["acceptance_by_depth"]) == max(rep["shapes"]["eyas_chain"]["draft_tokens"], NGRAM_TOKENS)
     assert sum(chain["time_split"].values()) == pytest.approx(1.0)
     assert rep["shapes"]["source"] == {"eyas_chain": "default", "eyas_tree": "default"}
+    assert rep["shapes"]["generate"] == {"shape": {"draft_tokens": 4}, "source": "default"}
+    # per-prompt ratios to hf_greedy (run back to back): hf_greedy's own are all 1
+    assert rep["methods"]["hf_greedy"]["per_prompt_speedup"] == {"median": 1.0, "q25": 1.0, "q75": 1.0}
+    for m in rep["methods"].values():
+        p = m["per_prompt_speedup"]
+        assert p["q25"] <= p["median"] <= p["q75"] and m["cpu_tokens_per_s"] > 0 and m["cpu_speedup"] > 0
     # categories from the file; the per-category numbers pool exactly their prompts
     assert list(rep["categories"]) == ["story", "science"]
     story = rep["categories"]["story"]
@@ -105,6 +140,7 @@ def test_run_bench_all_methods(saved, tmp_path):
         assert story["methods"][name]["new_tokens"] + rep["categories"]["science"]["methods"][name]["new_tokens"] == new
     env = rep["environment"]
     assert env["torch"] == torch.__version__ and env["threads"] == 1 and env["dtype"] == "fp32"
+    assert env["cpu_flags"] == cpu_flags() and rep["dtype_source"] == "given"
     assert "eyas_commit" in env
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = format_bench(rep)
@@ -132,8 +168,10 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     assert sweep["cache"] == str(path)
     stored = json.loads(path.read_text())
     assert len(stored) == 1 and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    key = json.loads(next(iter(stored)))  # target, drafter, dtype, machine, cpus
+    key = json.loads(next(iter(stored)))  # target, drafter, dtype, machine, cpus, instruction sets, threads
     assert key[:3] == [name, str(draft.resolve()), "bf16"] and key[4] == os.cpu_count()
+    assert key[5:] == [cpu_flags(), torch.get_num_threads()]
+    assert sweep["beats_target"] == (sweep["best_tokens_per_s"] > sweep["target_tokens_per_s"])
     entry = read_best_shape(name, draft, "bf16")
     assert entry["best"] == sweep["best"] and entry["max_new_tokens"] == 5
     assert read_best_shape(name, draft, "fp32") is None  # keyed by dtype
@@ -141,8 +179,12 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     again = run_bench(draft, prompts=files, target=target, dtype="bf16", max_new_tokens=5, limit=1, progress=False)
     assert again["shapes"]["eyas_chain"] == rep["shapes"]["eyas_chain"]
     assert again["shapes"]["source"] == {"eyas_chain": "sweep cache", "eyas_tree": "sweep cache"}
+    # generate decodes with the sweep's best, or with the target alone where nothing beat it
+    used = (sweep["best"], "sweep cache") if sweep["beats_target"] else (None, TARGET_ALONE)
     out = run_generate(draft, "hello world", target=target, dtype="bf16", max_new_tokens=5)
-    assert out["shape"] == sweep["best"] and out["shape_source"] == "sweep cache"
+    assert (out["shape"], out["shape_source"]) == used
+    out = run_generate(draft, "hello world", target=target, dtype="bfloat16", max_new_tokens=5)
+    assert out["shape"] == used[0] and out["dtype"] == "bf16"  # transformers' spelling, the same entry
     out = run_generate(draft, "hello world", target=target, dtype="bf16", max_new_tokens=5, tree="2,2,2")
     assert out["shape"] == {"tree": [2, 2, 2]} and out["shape_source"] == "given"
     # a broken cache is reported and ignored, then replaced by the next sweep
@@ -207,17 +249,17 @@ def test_acceptance_pools_exactly_over_calls():
         [(tree, [2]), (tree, [1, 3]), (tree, []), (tree, [1, 3, 4])],
         [(chain, [1, 2]), (tree, [1])],
     ]
-    runs, pooled = [], _Stats(3)
+    runs, pooled = [], DecodeStats(3)
     for rounds in calls:
-        one = _Stats(3)
+        one = DecodeStats(3)
         for draft, path in rounds:
             one.round(draft, path)
             pooled.round(draft, path)
-        runs.append(bench._Run([0], 1.0, one.result(1)))
-    summary = bench._summary(runs, runs)
+        runs.append(Run([0], 1.0, one.result(1)))
+    pooled_summary = summary(runs, runs)
     want = pooled.result(1)
-    assert summary["acceptance_by_depth"] == pytest.approx(want["acceptance_by_depth"])
-    assert summary["tau"] == pytest.approx(want["tau"])
+    assert pooled_summary["acceptance_by_depth"] == pytest.approx(want["acceptance_by_depth"])
+    assert pooled_summary["tau"] == pytest.approx(want["tau"])
 
 
 def test_copy_heavy_set_parses():
@@ -249,7 +291,7 @@ def test_limit_spreads_over_categories(tmp_path):
     ],
 )
 def test_bad_prompt_files_are_named_before_any_model_loads(tmp_path, monkeypatch, name, text, message):
-    monkeypatch.setattr(bench, "load_models", lambda *a: pytest.fail("models loaded before the prompts were read"))
+    monkeypatch.setattr(bench_run, "load_models", lambda *a: pytest.fail("models loaded before the prompts were read"))
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(FormatError, match=message):
@@ -320,7 +362,62 @@ def test_option_parsing():
     for bad in ("5,4", "a,b,c", "5,0,16"):
         with pytest.raises(EyasError, match="depth,top_k,budget"):
             parse_tree(bad)
-    assert torch_dtype("bf16") is torch.bfloat16 and torch_dtype(torch.float32) is torch.float32
-    with pytest.raises(EyasError, match="dtype 'fp16' is not supported") as e:
-        torch_dtype("fp16")
-    assert "bf16 or fp32" in e.value.hint
+    assert to_dtype("bf16", DECODE_DTYPES) is torch.bfloat16 and to_dtype(torch.float32, DECODE_DTYPES) is torch.float32
+    assert to_dtype("bfloat16", DECODE_DTYPES) is torch.bfloat16 and to_dtype("float32", DECODE_DTYPES) is torch.float32
+    for run in (lambda: run_generate(None, "hello", dtype="fp16"), lambda: run_bench("no-draft", dtype="float16")):
+        with pytest.raises(EyasError, match="dtype '(fp|float)16' is not supported") as e:  # before any model loads
+            run()
+        assert "bf16 (bfloat16) or fp32 (float32)" in e.value.hint
+
+
+def test_a_sweep_that_nothing_beat_decodes_with_the_target_alone(saved, tmp_path):
+    """The shape cache's verdict decides: a best shape slower than the target alone is not used."""
+    target, draft = saved
+    name = Target.load(target).name
+    entry = {"best": {"tree": [2, 2, 3]}, "best_chain": 2, "best_tree": [2, 2, 3], "best_tokens_per_s": 9.0,
+             "target_tokens_per_s": 10.0, "beats_target": False}
+    save_best_shape(name, draft, "fp32", entry)
+    out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)
+    assert out["shape"] is None and out["shape_source"] == TARGET_ALONE
+    assert out["stats"]["rounds"] == len(out["tokens"]) - 1 and out["stats"]["tau"] == 1.0  # no draft, no n-grams
+    assert TARGET_ALONE in format_generate(out)
+    rep = run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=4, limit=1,
+                    progress=False)
+    assert rep["shapes"]["generate"] == {"shape": None, "source": TARGET_ALONE}
+    assert rep["shapes"]["eyas_tree"] == {"tree": [2, 2, 3]}  # the bench still times the cached shapes
+    assert TARGET_ALONE in format_bench(rep)
+    save_best_shape(name, draft, "fp32", {**entry, "best_tokens_per_s": 11.0, "beats_target": True})
+    out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)
+    assert out["shape"] == {"tree": [2, 2, 3]} and out["shape_source"] == "sweep cache"
+
+
+def test_dtype_auto_is_measured_once_per_machine(saved, monkeypatch):
+    """`auto` times the target in bf16 and fp32, keeps the faster, and caches it per machine."""
+    target, draft = saved
+    measured = dtype_choice.measure_dtypes(target, sizes=(1, 3), repeats=1)
+    assert set(measured["forward_ms"]) == {"bf16", "fp32"} and measured["sizes"] == [1, 3]
+    assert measured["dtype"] == min(measured["forward_ms"], key=lambda d: sum(measured["forward_ms"][d].values()))
+    calls = []
+
+    def fake(spec, **kw):
+        calls.append(spec)
+        return {"dtype": "fp32", "forward_ms": {"bf16": {"1": 9.0}, "fp32": {"1": 5.0}}, "sizes": [1]}
+
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake)
+    assert resolve_dtype("auto", target) == (torch.float32, "auto: measured on this machine")
+    assert resolve_dtype("AUTO", target) == (torch.float32, "auto: measured on this machine (cached)")
+    assert resolve_dtype("bf16", target) == (torch.bfloat16, "given") and len(calls) == 1
+    out = run_generate(draft, "hello world", target=target, max_new_tokens=3)  # the default dtype is auto
+    assert out["dtype"] == "fp32" and out["dtype_source"].startswith("auto") and len(calls) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another machine key: measured again
+    resolve_dtype("auto", target)
+    assert len(calls) == 2
+
+
+def test_per_prompt_spread():
+    assert spread([2.0]) == {"median": 2.0, "q25": 2.0, "q75": 2.0}
+    assert spread([1.0, 3.0]) == {"median": 2.0, "q25": 1.5, "q75": 2.5}
+    assert spread([4.0, 1.0, 2.0, 3.0, 5.0]) == {"median": 3.0, "q25": 2.0, "q75": 4.0}
+    runs = [Run([1] * 10, 1.0, None), Run([1] * 10, 2.0, None)]
+    ref = [Run([1] * 10, 2.0, None), Run([1] * 10, 2.0, None)]  # ratios 2.0 and 1.0
+    assert summary(runs, ref)["per_prompt_speedup"] == {"median": 1.5, "q25": 1.25, "q75": 1.75}

@@ -9,10 +9,11 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import TINY_TARGET_LAYERS, random_tensors, tiny_contract
-from eyas.check import _target_config, check_checkpoint, consumers
+from eyas.check import check_checkpoint, consumers
 from eyas.contract import Verifier
 from eyas.errors import FormatError
 from eyas.formats import IDS, eagle_config, read_checkpoint, speculators_config, write_checkpoint
+from eyas.target import target_config
 from eyas.weights import from_canonical
 
 TARGET = {
@@ -74,7 +75,7 @@ def test_every_problem_is_listed_at_once(tmp_path, target):
     }
     assert all(p["fix"] for p in rep.problems)
     assert any("[9] outside the target's 0..6" in p["problem"] for p in rep.problems)
-    assert any("no rope_theta" in w for w in rep.warnings)
+    assert any("no rope_theta" in w["warning"] for w in rep.warnings)
 
 
 def test_target_mismatches(tmp_path, target):
@@ -91,11 +92,14 @@ def test_target_mismatches(tmp_path, target):
     assert set(_fields(rep)) == {"vocab_size", "target_hidden_size", "embed_tokens.weight"}
 
 
-def test_unreadable_weights_are_problems_not_errors(tmp_path, target):
+def test_unreadable_weights_are_errors_missing_weights_are_problems(tmp_path, target):
     path = _ck(tmp_path, capture_layers=(2, 3, 5))
     (path / "model.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(FormatError, match="model.safetensors: not a readable safetensors file"):
+        check_checkpoint(path, target=target)  # unreadable input: `eyas check` exits 2
+    (path / "model.safetensors").unlink()
     rep = check_checkpoint(path, target=target)
-    assert _fields(rep) == ["weights"] and "not a readable safetensors file" in rep.problems[0]["problem"]
+    assert _fields(rep) == ["weights"] and [p["code"] for p in rep.problems] == ["weights_missing"]
 
 
 def test_unreadable_input_raises(tmp_path, target):
@@ -111,14 +115,14 @@ def test_config_only_check_skips_tensors(tmp_path, target):
     path = tmp_path / "draft.json"
     path.write_text(json.dumps(speculators_config(tiny_contract(capture_layers=(2, 3, 5)))))
     rep = check_checkpoint(path, target=target)
-    assert rep.ok and any("tensor checks skipped" in w for w in rep.warnings)
+    assert rep.ok and any("tensor checks skipped" in w["warning"] for w in rep.warnings)
 
 
 def test_target_config_lookup(tmp_path, target):
-    assert _target_config(target) == TARGET == _target_config(target / "config.json")
+    assert target_config(target) == TARGET == target_config(target / "config.json")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FormatError, match="has no config.json"):
-        _target_config(tmp_path / "empty")
+        target_config(tmp_path / "empty")
 
 
 # --- consumers ----------------------------------------------------------------------------------
@@ -134,7 +138,9 @@ def _cons(tmp_path, configs, c, naming="eagle", verifier=None):
 
 
 def test_kimi_style_ids_each_engine(tmp_path):
-    """Nested ids [2, 3, 5] (capture convention): current SGLang takes them, legacy adds 1, vLLM ignores them."""
+    """Nested ids [2, 3, 5] (capture convention): current SGLang and vLLM 0.32 take them, legacy SGLang adds 1.
+
+    (eyas once said vLLM ignores nested ids; the running engine reads them: tests/test_engine_vllm.py.)"""
     c = tiny_contract(capture_layers=(2, 3, 5))
     cfg = eagle_config(c)
     del cfg[IDS]
@@ -142,9 +148,10 @@ def test_kimi_style_ids_each_engine(tmp_path):
     cons = _cons(tmp_path, {"config.json": cfg}, c, verifier={"num_hidden_layers": 8})
     assert cons["sglang"]["capture_layers"] == [2, 3, 5] and cons["sglang"]["mismatches"] == []
     assert cons["sglang_legacy"]["capture_layers"] == [3, 4, 6]
-    assert cons["sglang_legacy"]["mismatches"] == ["captures [3, 4, 6], the contract says [2, 3, 5]"]
-    assert cons["vllm"]["capture_layers"] == [2, 4, 5]  # the (2, N//2, N-3) default for N = 8
-    assert any("ignores eagle_config" in n for n in cons["vllm"]["notes"])
+    legacy = [m["warning"] for m in cons["sglang_legacy"]["mismatches"]]
+    assert legacy == ["captures [3, 4, 6], the contract says [2, 3, 5]"]
+    assert cons["vllm"]["capture_layers"] == [2, 3, 5] and cons["vllm"]["mismatches"] == []
+    assert any("reads eagle_config" in n for n in cons["vllm"]["notes"])
     assert cons["speculators"]["loads"] is False
 
 
@@ -169,7 +176,7 @@ def test_eyas_eagle_output_wires_every_engine_as_the_contract(tmp_path):
         assert cons[name]["loads"] and cons[name]["capture_layers"] == [2, 3, 5] and cons[name]["mismatches"] == []
     legacy = cons["sglang_legacy"]
     assert legacy["capture_layers"] == [2, 3, 5]  # output-convention ids with first id 1: legacy agrees
-    assert legacy["mismatches"] == ["uses norm_before_residual=False, the contract says True"]
+    assert [m["warning"] for m in legacy["mismatches"]] == ["uses norm_before_residual=False, the contract says True"]
 
 
 def test_embeddings_and_vocab_map_wiring(tmp_path):
@@ -178,7 +185,8 @@ def test_embeddings_and_vocab_map_wiring(tmp_path):
     cons = consumers(read_checkpoint(tmp_path / "e"))
     assert cons["vllm"]["embeddings"] == "draft's own"
     assert cons["sglang"]["embeddings"] == "shares target's"
-    assert "replaces the draft's own embed_tokens with the target's" in cons["sglang"]["mismatches"]
+    sglang = [m["warning"] for m in cons["sglang"]["mismatches"]]
+    assert "replaces the draft's own embed_tokens with the target's" in sglang
 
 
 def test_qwen3_layer_only_loads_in_speculators_format(tmp_path):
@@ -192,4 +200,4 @@ def test_qwen3_layer_only_loads_in_speculators_format(tmp_path):
 
 
 def test_the_embedded_default_is_a_target(tmp_path):
-    assert _target_config("default")["num_hidden_layers"] == 30  # SmolLM2-135M-Instruct, read offline
+    assert target_config("default")["num_hidden_layers"] == 30  # SmolLM2-135M-Instruct, read offline

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from conftest import random_tensors, tiny_contract
 from eyas.cli import main
+from eyas.codes import text_of
 from eyas.contract import Verifier
 from eyas.errors import FormatError
 from eyas.formats import IDS, write_checkpoint
@@ -128,12 +129,12 @@ def test_real_size_inspect_reports(tmp_path, capsys, pytestconfig):
     for name, (draft, target, rel) in cases.items():
         cfg = _write_json(tmp_path / rel, draft)
         tgt = _write_json(tmp_path / f"{name}-target" / "config.json", target)
-        code, out, err = _run(capsys, "inspect", cfg, "--verifier-config", tgt)
+        code, out, err = _run(capsys, "inspect", cfg, "--target", tgt)
         assert code == 0, err
         Path(save, f"{name}.txt").write_text(out.replace(str(tmp_path) + "/", ""))
-        code, js, _ = _run(capsys, "inspect", cfg, "--verifier-config", tgt, "--json")
+        code, js, _ = _run(capsys, "inspect", cfg, "--target", tgt, "--json")
         rep = json.loads(js)
-        assert rep["tensors"] is None and any("tensor checks skipped" in w for w in rep["warnings"])
+        assert rep["tensors"] is None and any("tensor checks skipped" in text_of(w) for w in rep["warnings"])
         cons = rep["consumers"]
         if name == "llama31_8b":
             assert rep["files"] == {"config.json": "speculators"}
@@ -149,8 +150,9 @@ def test_real_size_inspect_reports(tmp_path, capsys, pytestconfig):
                 59,
             ]
             assert cons["vllm"]["capture_layers"] == [2, 30, 58]  # the default for 61 layers happens to agree
-            assert "sglang_legacy: captures [3, 31, 59], the contract says [2, 30, 58]" in rep["warnings"]
-            assert any("read as current SGLang does" in w for w in rep["warnings"])
+            texts = [text_of(w) for w in rep["warnings"]]
+            assert "sglang_legacy: captures [3, 31, 59], the contract says [2, 30, 58]" in texts
+            assert any("read as current SGLang does" in text_of(w) for w in rep["warnings"])
         assert "consumers:" in out and "warnings:" in out
 
 
@@ -170,7 +172,7 @@ def test_inspect_json_has_the_agreed_keys(ckpt, capsys):
     rep = json.loads(out)
     assert {"files", "contract", "consumers", "warnings"} <= set(rep)
     assert rep["files"] == {"config.json": "eagle"} and rep["contract"]["capture_layers"] == [2, 3, 5]
-    assert set(rep["consumers"]) == {"vllm", "sglang", "sglang_legacy", "speculators"}
+    assert set(rep["consumers"]) == {"vllm", "sglang", "sglang_legacy", "speculators", "llamacpp"}
     assert rep["tensors"]["count"] == 15 and rep["tensors"]["tensors"]["fc.weight"]["shape"] == [64, 192]
     code, text, _ = _run(capsys, "inspect", ckpt)
     assert (
@@ -181,11 +183,11 @@ def test_inspect_json_has_the_agreed_keys(ckpt, capsys):
 
 
 def test_convert_then_check(tmp_path, ckpt, capsys):
-    code, out, err = _run(capsys, "convert", ckpt, tmp_path / "both", "--to", "both", "--json")
+    code, out, err = _run(capsys, "convert", ckpt, tmp_path / "both", "--format", "both", "--json")
     assert code == 0 and "reading" in err
     rep = json.loads(out)
     assert rep["files"] == ["config.json", "config_eagle.json", "model.safetensors"] and rep["tensors"] == 15
-    code, out, _ = _run(capsys, "convert", ckpt, tmp_path / "both", "--to", "eagle")
+    code, out, _ = _run(capsys, "convert", ckpt, tmp_path / "both", "--format", "eagle")
     assert code == 2
     target = _write_json(
         tmp_path / "t" / "config.json",
@@ -208,10 +210,10 @@ def test_convert_records_the_verifier(tmp_path, capsys):
         "convert",
         tmp_path / "ck",
         tmp_path / "s",
-        "--to",
+        "--format",
         "speculators",
         "--json",
-        "--verifier-config",
+        "--target",
         target.parent,
         "--verifier-name",
         "org/target",
@@ -221,7 +223,7 @@ def test_convert_records_the_verifier(tmp_path, capsys):
     assert rep["contract"]["capture_layers"] == [2, 4, 5]  # the default for 8 layers, now written explicitly
     assert rep["contract"]["verifier"]["name_or_path"] == "org/target"
     assert rep["contract"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
-    assert any("assuming the engines' default [2, 4, 5]" in w for w in rep["warnings"])
+    assert any("assuming the engines' default [2, 4, 5]" in text_of(w) for w in rep["warnings"])
     cfg = json.loads((tmp_path / "s" / "config.json").read_text())
     assert cfg[IDS] == [2, 4, 5] and cfg["speculators_config"]["verifier"]["name_or_path"] == "org/target"
 
@@ -341,13 +343,12 @@ BAD = {  # name: (damage, file named, field named, exit code of check)
     "neither format": (_bad_neither, "config.json", "speculators_model_type", 2),
     "no config": (_bad_no_config, "ck", "config.json", 2),
     "no weights": (_bad_no_weights, "ck", "model.safetensors", 1),
-    "truncated safetensors": (_bad_truncated, "model.safetensors", "safetensors", 1),
+    "truncated safetensors": (_bad_truncated, "model.safetensors", "safetensors", 2),  # unreadable: exit 2
     "shape contradicts config": (_bad_shape, "model.safetensors", "fc.weight", 1),
     "d2t out of range": (_bad_d2t_range, "model.safetensors", "d2t", 1),
     "d2t not increasing": (_bad_d2t_order, "model.safetensors", "d2t", 1),
     "t2d count": (_bad_t2d_count, "model.safetensors", "t2d", 1),
-    "configs disagree": (_bad_disagree, "config_speculators.json", "draft_vocab_size", 1),
-    "pickle refused": (_bad_pickle, "pytorch_model.bin", "weights_only", 1),
+    "pickle refused": (_bad_pickle, "pytorch_model.bin", "weights_only", 2),  # unreadable: exit 2
 }
 
 
@@ -356,7 +357,7 @@ def test_bad_input(tmp_path, capsys, case):
     damage, file_, field_, check_code = BAD[case]
     path, c = _good(tmp_path)
     damage(path, c)
-    for argv in (["inspect", path], ["convert", path, tmp_path / "out", "--to", "eagle"]):
+    for argv in (["inspect", path], ["convert", path, tmp_path / "out", "--format", "eagle"]):
         code, out, err = _run(capsys, *argv)
         lines = err.strip().splitlines()
         assert code == 2 and out == "", (case, err)
@@ -372,9 +373,57 @@ def test_bad_input(tmp_path, capsys, case):
         assert f"{file_}" in err and field_ in err
 
 
+def test_disagreeing_configs_are_shown_refused_by_convert_and_graded_by_check(tmp_path, capsys):
+    """inspect shows any folder it can read; convert would drop one file's word; check lists the problem."""
+    path, c = _good(tmp_path)
+    _bad_disagree(path, c)
+    code, out, err = _run(capsys, "inspect", path, "--json")
+    rep = json.loads(out)
+    assert code == 0 and rep["files"] == {"config.json": "speculators", "config_speculators.json": "speculators"}
+    assert [(d["code"], d["field"]) for d in rep["disagreements"]] == [
+        ("config_files_disagree_vocab", "draft_vocab_size")
+    ]
+    code, text, _ = _run(capsys, "inspect", path)
+    assert code == 0 and "disagreements (the contract is read from config.json):" in text
+    assert "problem [draft_vocab_size] config_speculators.json and config.json disagree on draft_vocab_size" in text
+    code, out, err = _run(capsys, "convert", path, tmp_path / "out", "--format", "eagle")
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and lines[-2].startswith("error: ") and lines[-1].startswith("hint: ")
+    assert "config_speculators.json" in lines[-2] and "draft_vocab_size" in lines[-2]
+    assert not (tmp_path / "out").exists()
+    code, out, _ = _run(capsys, "check", path, "--json")
+    text = json.dumps(json.loads(out)["problems"])
+    assert code == 1 and "config_speculators.json" in text and "draft_vocab_size" in text
+
+
+def test_seed_folder_with_a_flat_config_beside_the_speculators_one_is_shown(tmp_path, capsys):
+    """The shipped draft's flat config as config.json, another context length in it, beside its
+    speculators config: a context length does not change the draft, so it is a warning."""
+    from eyas.drafter_loading import resolve_drafter
+
+    shipped = resolve_drafter(None)
+    folder = tmp_path / "seed"
+    folder.mkdir()
+    flat = json.loads((shipped / "config_eagle.json").read_text()) | {"max_position_embeddings": 2048}
+    _write_json(folder / "config.json", flat)
+    (folder / "config_speculators.json").write_text((shipped / "config.json").read_text())
+    (folder / "model.safetensors").symlink_to(shipped / "model.safetensors")
+    code, out, err = _run(capsys, "inspect", folder, "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["files"] == {"config.json": "eagle", "config_speculators.json": "speculators"}
+    assert rep["config_used"] == "config_speculators.json"
+    assert [(d["code"], "warning" in d) for d in rep["disagreements"]] == [("config_files_disagree_context", True)]
+    code, text, _ = _run(capsys, "inspect", folder)
+    assert "disagreements (the contract is read from config_speculators.json):" in text
+    assert "warning [max_position_embeddings]" in text and "2048" in text
+    assert "config.json disagrees on max_position_embeddings" in text  # the reason says it too
+    assert _run(capsys, "check", folder)[0] == 0
+
+
 def test_dst_inside_src(tmp_path, capsys):
     path, _ = _good(tmp_path)
-    code, _, err = _run(capsys, "convert", path, path / "sub", "--to", "eagle")
+    code, _, err = _run(capsys, "convert", path, path / "sub", "--format", "eagle")
     assert code == 2 and "DST is inside SRC" in err and str(path / "sub") in err
     assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
 

@@ -1,5 +1,6 @@
-"""eyas.data: prompt readers, the one label shift, capture shards + manifest, and the reader's refusals,
-with a tiny random Llama target and a word-level tokenizer built in code (nothing downloaded)."""
+"""eyas.data: prompt readers, the one label shift (eyas.shift), capture shards + manifest, and the
+reader's refusals, with a tiny random Llama target and a word-level tokenizer built in code (nothing
+downloaded)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-import eyas.data as data
-from eyas.data import Prompt, capture, open_shards, read_prompts, shift_for_draft
+import eyas.data.capturing as capturing
+from eyas.data import Prompt, capture, open_shards, read_prompts
+from eyas.data.prompts import _json_array_items
+from eyas.data.shards import text_sha256
 from eyas.errors import ContractError, EyasError, FormatError
+from eyas.shift import shift_for_draft
 from eyas.target import Target
 
 WORDS = "hello world how are you today tell me a story about the cat dog sun moon why is sky blue".split()
@@ -136,11 +140,11 @@ def test_streamed_json_array_matches_json_load(tmp_path):
                for i in range(1, 6)]
     text = json.dumps(records, indent=1)
     path = write(tmp_path / "a.json", text)
-    got = list(data._json_array_items(path, allow_truncated=False, chunk_chars=7))
+    got = list(_json_array_items(path, allow_truncated=False, chunk_chars=7))
     assert [r for _, r in got] == records
     assert [line for line, _ in got] == [text[: text.index(f'"id": "{i}"')].count("\n") for i in range(1, 6)]
     cut = write(tmp_path / "cut.json", text[: text.index('"id": "4"') + 12])
-    kept = list(data._json_array_items(cut, allow_truncated=True, chunk_chars=7))
+    kept = list(_json_array_items(cut, allow_truncated=True, chunk_chars=7))
     assert [r for _, r in kept] == records[:3]  # the complete records, the cut one dropped
 
 
@@ -354,7 +358,7 @@ def test_shard_that_disagrees_with_the_manifest_is_skipped(tmp_path, captured):
 
 def test_resume_keeps_finished_shards_and_continues(tmp_path, target, monkeypatch):
     out = tmp_path / "out"
-    real, calls = data._capture_samples, []
+    real, calls = capturing._capture_samples, []
 
     def interrupted(*args, **kw):
         calls.append(kw["seed_offset"])
@@ -362,7 +366,7 @@ def test_resume_keeps_finished_shards_and_continues(tmp_path, target, monkeypatc
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr(data, "_capture_samples", interrupted)
+    monkeypatch.setattr(capturing, "_capture_samples", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_capture(target, out)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard_00000.safetensors"]  # no temp files
@@ -370,7 +374,8 @@ def test_resume_keeps_finished_shards_and_continues(tmp_path, target, monkeypatc
         assert len(open_shards(out)) == 2
     first = (out / "shard_00000.safetensors").stat().st_mtime_ns
 
-    monkeypatch.setattr(data, "_capture_samples", lambda *a, **kw: calls.append(kw["seed_offset"]) or real(*a, **kw))
+    monkeypatch.setattr(capturing, "_capture_samples",
+                        lambda *a, **kw: calls.append(kw["seed_offset"]) or real(*a, **kw))
     m = run_capture(target, out)
     assert calls == [0, 1, 1, 2] and m["complete"] and m["num_samples"] == 5
     assert (out / "shard_00000.safetensors").stat().st_mtime_ns == first
@@ -395,7 +400,7 @@ def test_unrecorded_finished_shard_is_adopted(tmp_path, target, monkeypatch):
     m = json.loads((out / "manifest.json").read_text())
     m["shards"], m["complete"] = m["shards"][:1], False
     write(out / "manifest.json", json.dumps(m))
-    monkeypatch.setattr(data, "_capture_samples", lambda *a, **kw: pytest.fail("recomputed a finished shard"))
+    monkeypatch.setattr(capturing, "_capture_samples", lambda *a, **kw: pytest.fail("recomputed a finished shard"))
     assert run_capture(target, out)["num_samples"] == 5
 
 
@@ -444,7 +449,7 @@ def test_capture_cli_skip_takes_the_prompts_after_the_first_n(tmp_path, capsys):
     assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'part'}: 2 samples, ")
     m = json.loads((tmp_path / "part" / "manifest.json").read_text())
     assert m["prompts"]["count"] == 2
-    assert m["prompts"]["sha256"] == data._sha256("\0".join(PROMPTS[1:3]))
+    assert m["prompts"]["sha256"] == text_sha256("\0".join(PROMPTS[1:3]))
     assert main([*args, "--skip", "5", "--out", str(tmp_path / "none")]) == 2
     assert not (tmp_path / "none").exists()
 

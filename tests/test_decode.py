@@ -23,12 +23,13 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-import eyas.decode as decode
+import eyas.decode.loop as loop
 from eyas.contract import Verifier
 from eyas.decode import (
     DraftTree,
     Sampling,
     draft_step0,
+    draw,
     generate,
     keep_accepted_kv,
     propose_tree,
@@ -170,13 +171,13 @@ GREEDY_CASES = {  # name: (drafter kind, options)
 def test_greedy_matches_target(big, references, case, monkeypatch):
     kind, options = GREEDY_CASES[case]
     kept_paths = []  # accepted node lists: a tree must sometimes keep a branch that is not a prefix
-    keep = decode.keep_accepted_kv
+    keep = loop.keep_accepted_kv
 
     def spy(cache, n, nodes):
         kept_paths.append(nodes)
         keep(cache, n, nodes)
 
-    monkeypatch.setattr(decode, "keep_accepted_kv", spy)
+    monkeypatch.setattr(loop, "keep_accepted_kv", spy)  # the name generate calls
     # the random draft predicts 64 of the 256 tokens (vocab map); the cheat sees the full vocab
     contract = tiny_contract() if kind == "random" else tiny_contract(draft_vocab_size=256)
     drafter = {None: lambda: None, "random": lambda: random_drafter(big, contract),
@@ -434,13 +435,13 @@ def test_sampling_is_lossless(small, case):
 def test_sampling_check_detects_a_biased_sampler(small, monkeypatch):
     """Negative control: the classic bug (after a rejection, draw from p instead of the residual
     max(p - q, 0)) over-samples the drafted tokens, and the same check catches it."""
-    real = decode.accept_chain_sampling
+    real = loop.accept_chain_sampling
 
     def biased(tree, p, s):
         path, _ = real(tree, p, s)
-        return path, decode.draw(p[len(path)], s)
+        return path, draw(p[len(path)], s)
 
-    monkeypatch.setattr(decode, "accept_chain_sampling", biased)
+    monkeypatch.setattr(loop, "accept_chain_sampling", biased)
     drafter = random_drafter(small, small_contract(), seed=2)
     s = Sampling(1.0)
     samples = sample_runs(small, drafter, {"draft_tokens": 3}, s)

@@ -7,6 +7,8 @@ eager formula; rope against transformers' own init functions; layer 0 against th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -21,10 +23,11 @@ from eyas.drafter import (
     RMSNorm,
     eager_attention,
     repeat_kv,
-    rope_parameters,
     sdpa_attention,
 )
 from eyas.errors import ContractError
+from eyas.formats import vocab_map_problems
+from eyas.rope import rope_parameters
 
 # Contracts exercised by the structural and consistency tests (tiny_contract overrides).
 CONTRACTS = {
@@ -119,13 +122,47 @@ def test_inconsistent_vocab_maps_are_rejected():
     c = tiny_contract()
     tensors = random_tensors(c)
     as_ids = {**tensors, "d2t": torch.arange(c.draft_vocab_size) + tensors["d2t"] + 200}
-    with pytest.raises(ContractError, match="outside the target vocab"):
+    with pytest.raises(ContractError, match=r"outside \[0, 256\)"):  # the words of formats.vocab_map_problems
         Drafter.from_tensors(c, as_ids, embed_tokens=shared_embed(c))
     t2d = tensors["t2d"].clone()
     t2d[torch.nonzero(~t2d)[0]] = True
     t2d[torch.nonzero(t2d)[-1]] = False  # same count, one id moved
-    with pytest.raises(ContractError, match="d2t and t2d disagree"):
+    with pytest.raises(ContractError, match="t2d disagrees with d2t"):
         Drafter.from_tensors(c, {**tensors, "t2d": t2d}, embed_tokens=shared_embed(c))
+
+
+def bad_vocab_maps(c: DraftContract, tensors: dict) -> dict[str, dict]:
+    """Vocab maps `eyas check` refuses, each as the tensors it replaces."""
+    draft_ids = torch.arange(c.draft_vocab_size)
+    targets = draft_ids + tensors["d2t"]  # sorted ascending
+    moved = tensors["t2d"].clone()
+    moved[torch.nonzero(~moved)[0]] = True
+    moved[torch.nonzero(moved)[-1]] = False
+    return {
+        "target ids, not offsets": {"d2t": targets},
+        "unsorted": {"d2t": targets.flip(0) - draft_ids},  # the same ids, consistent with t2d, descending
+        "int32 d2t": {"d2t": tensors["d2t"].int()},
+        "t2d moved": {"t2d": moved},
+        "t2d too few": {"t2d": tensors["t2d"] & (torch.arange(c.vocab_size) != targets[0])},
+    }
+
+
+def test_the_drafter_applies_the_checkers_vocab_map_rule():
+    """One rule: the drafter refuses exactly what eyas check refuses, with the same words and fix."""
+    c = tiny_contract()
+    tensors = random_tensors(c)
+    assert vocab_map_problems(c, tensors) == []
+    for name, bad in bad_vocab_maps(c, tensors).items():
+        found = [f for f in vocab_map_problems(c, {**tensors, **bad}) if "problem" in f]
+        assert found, name
+        with pytest.raises(ContractError) as e:
+            Drafter.from_tensors(c, {**tensors, **bad}, embed_tokens=shared_embed(c))
+        assert (str(e.value), e.value.hint) == (found[0]["problem"], found[0]["fix"]), name
+        fresh = Drafter(c, embed_tokens=shared_embed(c))
+        with pytest.raises(ContractError, match=re.escape(found[0]["problem"])):
+            fresh.set_vocab_map(bad.get("d2t", tensors["d2t"]), bad.get("t2d", tensors["t2d"]))
+    with pytest.raises(ContractError, match=r"d2t is \[3\], expected \[64\]"):  # shapes first
+        Drafter(c, embed_tokens=shared_embed(c)).set_vocab_map(tensors["d2t"][:3], tensors["t2d"])
 
 
 def test_d2t_maps_draft_ids_to_target_ids():

@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eyas.evaluate import chain_acceptance, chain_truth, tree_tau
 
@@ -50,6 +52,33 @@ def test_chain_acceptance_with_nothing_reached_is_nan_not_zero():
     assert m["acceptance_by_depth"][0] == 0.0
     assert math.isnan(m["acceptance_by_depth"][1])
     assert m["tau_chain"]["2"] == 1.0
+
+
+def test_tau_chain_uses_one_set_of_starts_so_it_never_falls_with_k():
+    """A chain near the end of an answer is valid at depth 1 only. Counted for k=1 but not k=2 (a
+    set of starts per k), its accepted token raised tau(1) above tau(2): tau fell as k grew."""
+    truth = torch.tensor([[1, 2], [1, 2]])
+    pred = torch.tensor([[1, 0], [0, 0]])  # the short chain is right at depth 1, the other is wrong
+    valid = torch.tensor([[True, False], [True, True]])
+    m = chain_acceptance(pred, truth, valid)
+    assert m["tau_chain"] == {"1": 1.0, "2": 1.0}  # per-k starts gave {"1": 1.5, "2": 1.0}
+    assert m["acceptance_by_depth"][0] == 0.5  # conditional acceptance still counts every valid start
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**32 - 1))
+def test_tau_chain_is_non_decreasing_in_k(n, depth, seed):
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.randint(0, 3, (n, depth), generator=g)
+    pred = torch.randint(0, 3, (n, depth), generator=g)
+    valid = torch.cummin(torch.rand(n, depth, generator=g) < 0.8, dim=1).values  # a prefix per start
+    tau = chain_acceptance(pred, truth, valid)["tau_chain"]
+    values = [tau[str(k)] for k in range(1, depth + 1)]
+    if valid[:, -1].any():
+        assert all(a <= b for a, b in zip(values, values[1:])), values
+        assert 1.0 <= values[0] and values[-1] <= depth + 1
+    else:
+        assert all(math.isnan(v) for v in values)
 
 
 def test_tree_tau_accepts_the_true_token_anywhere_in_the_top_k():
@@ -144,7 +173,8 @@ def test_eval_cli_on_a_random_draft(tiny, tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert set(rep["tau_chain"]) == {"1", "2", "3", "4"}
     assert len(rep["acceptance_by_depth"]) == 4
-    assert 1.0 <= rep["tau_chain"]["4"] < 1.3  # a random draft is almost never right
+    taus = [rep["tau_chain"][str(k)] for k in range(1, 5)]
+    assert taus == sorted(taus) and taus[-1] < 1.3  # a random draft is almost never right
     assert png.stat().st_size > 1000
 
 

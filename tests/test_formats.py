@@ -183,7 +183,7 @@ def test_nested_ids_follow_the_convention(tmp_path, nested, conv, capture):
     _save(tmp_path, {"config.json": _eagle_ids_only(c, nested=nested)}, random_tensors(c), naming="eagle")
     ck = read_checkpoint(tmp_path, layer_convention=conv)
     assert ck.contract.capture_layers == capture
-    warned = [w for w in ck.warnings if "read as current SGLang does" in w]
+    warned = [w for w in ck.warnings if "read as current SGLang does" in w["warning"]]
     assert bool(warned) == (conv is None)
     assert "eagle_config.eagle_aux_hidden_state_layer_ids" in ck.origin["capture_layers"]
 
@@ -200,7 +200,10 @@ def test_top_level_ids_win_and_a_disagreement_is_named(tmp_path):
     assert ck.contract.capture_layers == (2, 3, 5) and ck.warnings == []
     ck = read_checkpoint(tmp_path, layer_convention="output")
     assert ck.contract.capture_layers == (2, 3, 5)
-    assert any("top-level eagle_aux_hidden_state_layer_ids [2, 3, 5]" in w and "[3, 4, 6]" in w for w in ck.warnings)
+    assert any(
+        "top-level eagle_aux_hidden_state_layer_ids [2, 3, 5]" in w["warning"] and "[3, 4, 6]" in w["warning"]
+        for w in ck.warnings
+    )
 
 
 def test_no_ids_default_from_the_verifier_or_unknown(tmp_path):
@@ -208,7 +211,7 @@ def test_no_ids_default_from_the_verifier_or_unknown(tmp_path):
     _save(tmp_path, {"config.json": _eagle_ids_only(c)}, random_tensors(c), naming="eagle")
     ck = read_checkpoint(tmp_path)
     assert ck.contract.capture_layers is None and ck.contract.num_aux_layers == 3
-    assert any("engines will use (2, N//2, N-3)" in w for w in ck.warnings)
+    assert any("engines will use (2, N//2, N-3)" in w["warning"] for w in ck.warnings)
     ck = read_checkpoint(tmp_path, verifier_config={"text_config": {"num_hidden_layers": 32, "hidden_size": 64}})
     assert ck.contract.capture_layers == (2, 16, 29) and ck.contract.verifier.num_hidden_layers == 32
     assert ck.origin["capture_layers"].startswith("assumed")
@@ -219,7 +222,7 @@ def test_use_aux_hidden_state_false_is_warned(tmp_path):
     cfg = eagle_config(c)
     cfg["eagle_config"]["use_aux_hidden_state"] = False
     _save(tmp_path, {"config.json": cfg}, random_tensors(c), naming="eagle")
-    assert any("use_aux_hidden_state is false" in w for w in read_checkpoint(tmp_path).warnings)
+    assert any("use_aux_hidden_state is false" in w["warning"] for w in read_checkpoint(tmp_path).warnings)
 
 
 def test_fc_width_gives_the_aux_count_without_ids(tmp_path):
@@ -253,13 +256,16 @@ def test_two_file_folder_reads_both_and_uses_speculators(tmp_path):
 def test_two_file_folder_disagreement_names_both_files_and_the_field(tmp_path):
     c = tiny_contract(capture_layers=(2, 3, 5))
     _training_export(tmp_path, c, {IDS: [2, 3, 4]})
-    with pytest.raises(FormatError) as e:
-        read_checkpoint(tmp_path)
-    msg = str(e.value)
+    ck = read_checkpoint(tmp_path)  # read, never refused: the disagreement is a problem finding
+    assert [d["code"] for d in ck.disagreements] == ["config_files_disagree_capture_layers"]
+    msg, hint = ck.problems[0]["problem"], ck.problems[0]["fix"]
     assert "config.json and config_speculators.json disagree on capture_layers" in msg and IDS in msg
-    assert "--layer-convention" in e.value.hint
+    assert "--layer-convention" in hint
+    assert ck.config_used == "config_speculators.json" and "config.json disagrees on capture_layers" in ck.reason
     lenient = read_checkpoint(tmp_path, strict=False)
     assert [p["field"] for p in lenient.problems] == ["capture_layers"]
+    with pytest.raises(FormatError, match="disagree on capture_layers"):  # convert would drop one file's word
+        convert_checkpoint(tmp_path, tmp_path.parent / "out", "eagle")
 
 
 def test_speculators_missing_keys_are_warned(tmp_path):
@@ -269,8 +275,8 @@ def test_speculators_missing_keys_are_warned(tmp_path):
     _save(tmp_path, {"config.json": cfg}, random_tensors(c))
     ck = read_checkpoint(tmp_path)
     assert ck.contract.layer_type == "llama" and ck.contract.norm_before_residual is False
-    assert any("speculators itself parses it as qwen3" in w for w in ck.warnings)
-    assert any("vLLM's speculators path uses True" in w for w in ck.warnings)
+    assert any("speculators itself parses it as qwen3" in w["warning"] for w in ck.warnings)
+    assert any("vLLM's speculators path uses True" in w["warning"] for w in ck.warnings)
 
 
 def test_transformers5_rope_parameters_only(tmp_path):
@@ -290,7 +296,7 @@ def test_config_file_alone_reads_the_contract(tmp_path):
     ck = read_checkpoint(path)
     assert not ck.tensors_loaded and ck.files == {"draft.json": "eagle"}
     assert ck.contract.has_vocab_map and not ck.contract.has_embeddings
-    assert any("tensor checks skipped" in w for w in ck.warnings)
+    assert any("tensor checks skipped" in w["warning"] for w in ck.warnings)
 
 
 # --- bad input: one message naming the file and the field, nothing written -----------------------
@@ -355,6 +361,68 @@ def test_bad_fields_are_named(tmp_path, edit, match):
     edit(cfg)
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises((FormatError, ContractError), match=match):
+        read_checkpoint(path)
+
+
+_TLC = "transformer_layer_config"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "edit", "match"),
+    [  # values of the right JSON shape but the wrong kind or range: refused where they are read
+        ("speculators", lambda c: c[_TLC].update(hidden_size=0), f"'{_TLC}.hidden_size' is 0, expected an integer"),
+        ("speculators", lambda c: c[_TLC].update(vocab_size=2**62), f"'{_TLC}.vocab_size' is {2**62}, expected"),
+        ("speculators", lambda c: c[_TLC].update(intermediate_size=True), "'.*intermediate_size' is True, expected"),
+        ("speculators", lambda c: c[_TLC].update(num_hidden_layers=10**6), "'.*num_hidden_layers' is 1000000"),
+        ("speculators", lambda c: c[_TLC].update(num_key_value_heads=3), "a divisor of num_attention_heads 4"),
+        ("speculators", lambda c: (c[_TLC].update(num_attention_heads=128), c[_TLC].pop("head_dim")),
+         "at most hidden_size 64, or a head_dim"),
+        ("speculators", lambda c: c[_TLC].update(rms_norm_eps=float("nan")), "rms_norm_eps' is nan, expected a finite"),
+        ("speculators", lambda c: c[_TLC].update(rms_norm_eps=10**400), "rms_norm_eps' is 1000.*, expected a finite"),
+        ("speculators", lambda c: c[_TLC].update(rope_theta=1.0), "rope_theta' is 1.0, expected a finite number above"),
+        ("speculators", lambda c: c[_TLC].update(rope_parameters={"rope_theta": "1e4"}), "rope_parameters.rope_theta"),
+        ("speculators", lambda c: c[_TLC].update(rope_scaling={"rope_type": "linear", "factor": [2]}),
+         "'.*rope_scaling.factor' is \\[2\\], expected a finite number above 0"),
+        ("speculators", lambda c: c[_TLC].update(hidden_act=1), "'.*hidden_act' is 1, expected a string"),
+        ("speculators", lambda c: c["speculators_config"]["verifier"].update(name_or_path=1),
+         "'speculators_config.verifier.name_or_path' is 1, expected a string"),
+        ("speculators", lambda c: c["speculators_config"]["verifier"].update(architectures="Llama"),
+         "'speculators_config.verifier.architectures' is 'Llama', expected a list of strings"),
+        ("speculators", lambda c: c.update({IDS: [1, -2, 4]}), f"'{IDS}' is \\[1, -2, 4\\], expected a list of layer"),
+        ("eagle", lambda c: c.update(architectures=3), "'architectures' is 3, expected a list of strings"),
+        ("eagle", lambda c: c.update(verifier="me"), "'verifier' is 'me', expected an object"),
+        ("eagle", lambda c: c["eagle_config"].update(use_aux_hidden_state="yes"), "use_aux_hidden_state' is 'yes'"),
+        ("eagle", lambda c: c.update(eagle_config=[1]), "'eagle_config' is \\[1\\], expected an object"),
+        ("eagle", lambda c: c.update(target_hidden_size=-64), "'target_hidden_size' is -64, expected an integer"),
+    ],
+)
+def test_field_types_and_ranges_are_checked(tmp_path, fmt, edit, match):
+    path, _ = _good(tmp_path, fmt)
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+    for strict in (True, False):  # not even `check` goes on with a value it cannot use
+        with pytest.raises(FormatError, match="config.json: field .*" + match):
+            read_checkpoint(path, strict=strict)
+
+
+@pytest.mark.parametrize(
+    "data", [b'{"hidden_size": ' + b"9" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000, b'{"a": "\xff"}'],
+    ids=["5000-digit-int", "deep-nesting", "bad-utf8"],
+)
+def test_json_python_cannot_hold_is_refused(tmp_path, data):
+    path, _ = _good(tmp_path)
+    (path / "config.json").write_bytes(data)
+    with pytest.raises(FormatError, match="config.json: "):
+        read_checkpoint(path)
+
+
+def test_a_tensor_mismatch_names_both_files(tmp_path):
+    path, _ = _good(tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg[_TLC]["intermediate_size"] = 96
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ContractError, match=r"model.safetensors \(checked against config.json\): .*mlp"):
         read_checkpoint(path)
 
 
@@ -502,7 +570,7 @@ def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     with monkeypatch.context() as m:
-        m.setattr("eyas.formats.write_tensors", boom)
+        m.setattr("eyas.formats.write.write_tensors", boom)
         with pytest.raises(OSError, match="disk full"):
             write_checkpoint(tmp_path / "d", c, t, "both", force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["d"] and (tmp_path / "d" / "keep.txt").read_text() == "old"
@@ -510,11 +578,11 @@ def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
     real_replace = os.replace
 
     def rename_fails(src, dst):  # the final rename fails after the old folder was moved aside
-        if str(src).endswith(".tmp"):
+        if str(src).endswith(".tmp") and str(dst) == str(tmp_path / "d"):
             raise OSError("rename failed")
         real_replace(src, dst)
 
-    monkeypatch.setattr("eyas.formats.os.replace", rename_fails)
+    monkeypatch.setattr("eyas.atomic.os.replace", rename_fails)
     with pytest.raises(OSError, match="rename failed"):
         write_checkpoint(tmp_path / "d", c, t, "eagle", force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["d"] and (tmp_path / "d" / "keep.txt").read_text() == "old"

@@ -12,7 +12,7 @@ from test_doctor import fc_blocks_permuted
 
 from eyas.cli import main
 from eyas.doctor import collect, diagnose, format_report
-from eyas.drafter import resolve_drafter
+from eyas.drafter_loading import resolve_drafter
 from eyas.formats import read_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -211,6 +212,36 @@ def test_resolve_target(tmp_path, monkeypatch):
         resolve_target(tmp_path / "empty")
 
 
+def test_a_config_file_names_its_folder_and_a_lone_one_only_compares(tmp_path):
+    folder = save_tiny(tmp_path / "t")
+    assert resolve_target(folder / "config.json") == folder  # a model folder's config.json is the folder
+    assert target_config(folder / "config.json")["hidden_size"] == 64
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "config.json").write_text((folder / "config.json").read_text())
+    renamed = tmp_path / "target.json"
+    renamed.write_text((folder / "config.json").read_text())
+    assert resolve_target(lone / "config.json", weights=False) == lone  # enough to compare configs
+    assert resolve_target(renamed, weights=False) == renamed and target_config(renamed)["vocab_size"] == 256
+    for spec, why in ((lone / "config.json", "has no weight files beside it"), (lone, "has no weight files in it"),
+                      (renamed, "is a lone config, not a model folder's config.json")):
+        with pytest.raises(FormatError, match=f"eyas capture needs the target's weights: .*{why}") as e:
+            resolve_target(spec, needed_by="eyas capture")
+        assert str(spec) in str(e.value) and "model.safetensors" in e.value.hint
+    with pytest.raises(FormatError, match="needs the target's weights"):
+        Target.load(lone)
+
+
+def test_unreadable_target_configs_are_named(tmp_path):
+    for text, message in (('{"hidden_size": 64,,}', "is not valid JSON"), (b"\xff\xfe{}", "is not valid JSON"),
+                          ("[1, 2]", "holds a JSON list, not an object")):
+        path = tmp_path / "t.json"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(FormatError, match=message) as e:
+            target_config(path)
+        assert str(path) in str(e.value)
+
+
 def test_missing_package_hint(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
 
@@ -246,7 +277,10 @@ def test_cache_is_built_once_atomically_under_concurrency(tmp_path, monkeypatch,
     final = tmp_path / "eyas" / EMBEDDED_DIR
     assert results == [final, final] and len(calls) == 1
     assert sorted(p.name for p in final.iterdir()) == ["config.json"]
-    assert [p.name for p in final.parent.iterdir() if ".tmp-" in p.name] == []
+    assert sorted(p.name for p in final.parent.iterdir()) == [f".{EMBEDDED_DIR}.lock", EMBEDDED_DIR]  # no temp left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert final.stat().st_mode & 0o777 == 0o777 & ~umask  # an ordinary folder, not mkdtemp's private one
     assert "converting the default target" in capsys.readouterr().err
 
 
@@ -262,6 +296,16 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         embedded_default_dir()
     assert [p.name for p in (tmp_path / "eyas").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_folder_left_without_its_config_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(target_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(target_mod, "_convert_gguf", lambda gguf, out: (out / "config.json").write_text("{}"))
+    leftover = tmp_path / "eyas" / EMBEDDED_DIR
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_text("half")
+    assert embedded_default_dir() == leftover and sorted(p.name for p in leftover.iterdir()) == ["config.json"]
 
 
 # --- tensors without the model ---------------------------------------------------------------------

@@ -9,6 +9,8 @@ that runs are bit-reproducible and the shared 2-core machine is not oversubscrib
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import random
@@ -26,18 +28,24 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from conftest import random_tensors
 from eyas.contract import contract_for_target
 from eyas.cli import build_parser
-from eyas.data import capture, shift_for_draft
+from eyas.data import capture
+from eyas.drafter_loading import load_drafter
 from eyas.errors import ContractError, EyasError
-from eyas.formats import read_checkpoint
+from eyas.evaluate import evaluate_samples
+from eyas.formats import read_checkpoint, write_checkpoint
+from eyas.shift import shift_for_draft
 from eyas.target import Target, target_config, target_tensors
 from eyas.train import (
     TrainConfig,
     config_from_args,
     latest_checkpoint,
     build_vocab_map,
+    heldout_curve,
     pack_batch,
+    plot_heldout,
     plan_epoch,
     rank_share,
     step_labels,
@@ -47,6 +55,8 @@ from eyas.train import (
     ttt_loss,
     vocab_coverage,
 )
+from eyas.train.config import add_arguments, autocast_dtype, export_dtype
+from eyas.train.dataset import load_training_data
 
 WORDS = "hello world how are you today tell me a story about the cat dog sun moon why is sky blue".split()
 SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
@@ -104,7 +114,7 @@ def config(data: Path, out: Path, target: Path, **kw) -> TrainConfig:
 
 
 def flags(c: TrainConfig) -> list[str]:
-    """The `python -m eyas.train` command line for `c` (inverse of build_parser)."""
+    """The `python -m eyas train` command line for `c` (inverse of build_parser)."""
     args = []
     for key, value in vars(c).items():
         name = "--" + key.replace("_", "-")
@@ -264,7 +274,11 @@ def test_training_lowers_the_loss_and_exports_both_formats(target_dir, captured,
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
     assert all(len(r["acc_by_step"]) == 3 for r in log_records(out))
     evals = log_records(out, "eval")
-    assert evals and all(r["tau"] >= 1 and 0 <= r["accept_depth1"] <= 1 for r in evals)
+    assert [r["step"] for r in evals] == [8, summary["steps"]]
+    for r in evals:  # the record is eyas.evaluate's report at k = 5 over one set of chain starts
+        taus = [r["tau_chain"][str(k)] for k in range(1, 6)]
+        assert r["tau"] == taus[-1] and taus == sorted(taus) and r["tokens"] > 0
+        assert r["accept_depth1"] == r["acceptance_by_depth"][0]
     assert summary["eval"]["step"] == summary["steps"] and 0 < summary["coverage"] <= 1
     assert (out / "train_curves.png").stat().st_size > 0
     assert any((out / "checkpoints").glob("step_*.pt"))
@@ -284,7 +298,7 @@ def test_training_lowers_the_loss_and_exports_both_formats(target_dir, captured,
 
 def test_resume_after_sigkill_reaches_the_same_weights(target_dir, captured, tmp_path):
     c = config(captured, tmp_path / "killed", target_dir, epochs=6, max_steps=30, save_every=4)
-    proc = subprocess.Popen([PYTHON, "-m", "eyas.train", *flags(c)], env=env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([PYTHON, "-m", "eyas", "train", *flags(c)], env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     first = tmp_path / "killed" / "checkpoints" / "step_00000004.pt"
 
@@ -317,7 +331,8 @@ def test_two_processes_match_one_with_the_same_global_batch(target_dir, captured
     not normalised by the global token count) is off by 1e-4 or more.
     """
     c2 = config(captured, tmp_path / "ddp", target_dir, epochs=2, save_every=0)
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "eyas.train", *flags(c2)]
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "eyas", "train",
+           *flags(c2), "--json"]
     env2 = {k: v for k, v in env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     proc = subprocess.Popen(cmd, env=env2, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     single = train(config(captured, tmp_path / "one", target_dir, epochs=2, save_every=0))
@@ -391,10 +406,108 @@ def test_captures_made_in_parallel_train_as_one(target_dir, captured, tmp_path):
 
 
 def test_module_flags_map_to_the_config():
-    parser = build_parser()  # the `eyas` parser: `eyas train` and `python -m eyas.train` share it
+    parser = build_parser()  # the `eyas` parser: `eyas train` and `torchrun ... -m eyas train` share it
     c = config_from_args(parser.parse_args(
         ["train", "--data", "d", "--out", "o", "--draft-vocab", "8192", "--max-steps", "5", "--norm-before-fc",
          "--no-progress", "--lr", "2e-4", "--dtype", "fp32"]))
     assert c == TrainConfig(data="d", out="o", draft_vocab=8192, max_steps=5, norm_before_fc=True, progress=False,
                             lr=2e-4, dtype="fp32")
     assert config_from_args(parser.parse_args(["train", *flags(c)])) == c
+
+
+def test_train_flags_have_help_and_take_the_dtype_names_of_other_tools():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags_ = [a for a in parser._actions if a.dest != "help"]
+    assert len(flags_) == len(dataclasses.fields(TrainConfig)) and all(a.help for a in flags_)
+    assert "bfloat16" in next(a for a in flags_ if a.dest == "dtype").choices
+    c = config_from_args(parser.parse_args(["--data", "d", "--out", "o", "--init", "D", "--dtype", "bfloat16",
+                                            "--export-dtype", "float32"]))
+    assert c.init == "D" and autocast_dtype(c) == torch.bfloat16 and export_dtype(c) == torch.float32
+    assert autocast_dtype(TrainConfig(data="d", out="o", dtype="fp32")) is None
+
+
+# --- warm start (--init) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def init_draft(target_dir, captured, tmp_path_factory) -> Path:
+    """A draft trained on every captured sample until it knows them: far above a fresh draft."""
+    out = tmp_path_factory.mktemp("init") / "run"
+    train(config(captured, out, target_dir, epochs=40, lr=3e-3, batch_tokens=128, save_every=0))
+    return out / "draft"
+
+
+def test_init_continues_from_the_drafts_accuracy_with_its_vocab_map(target_dir, captured, init_draft, tmp_path):
+    kw = dict(lr=1e-4, max_steps=1, eval_fraction=0.25, seed=1, save_every=0, eval_every=1)
+    warm = train(config(captured, tmp_path / "warm", target_dir, init=str(init_draft), draft_vocab=None, **kw))
+    train(config(captured, tmp_path / "scratch", target_dir, **kw))
+    heldout = load_training_data(config(captured, tmp_path / "x", target_dir, **kw)).heldout
+    lm_head = target_tensors(target_dir, ["lm_head.weight"])["lm_head.weight"]
+    before = evaluate_samples(load_drafter(init_draft, target=target_dir), heldout, lm_head, depth=5, tree_depth=5)
+    first, scratch = log_records(tmp_path / "warm", "eval")[0], log_records(tmp_path / "scratch", "eval")[0]
+    assert first["step"] == scratch["step"] == 1
+    assert first["tau"] == pytest.approx(before["tau_chain"]["5"], abs=0.15)  # one small step from the draft
+    assert first["tau"] > scratch["tau"] + 0.3, (first["tau"], scratch["tau"])
+    # the draft's vocab map and size, not a full vocab from the (absent) --draft-vocab
+    a, b = load_file(init_draft / "model.safetensors"), draft_tensors(tmp_path / "warm")
+    assert warm["draft_vocab_size"] == 16 and torch.equal(a["d2t"], b["d2t"]) and torch.equal(a["t2d"], b["t2d"])
+    assert json.loads(json.dumps(warm))["init"] == str(init_draft)
+    # resumed without --init: the checkpoint holds the draft, its vocab map included
+    again = train(config(captured, tmp_path / "warm", target_dir, draft_vocab=None, resume=True, **kw))
+    assert again["steps"] == 1 and again["draft_vocab_size"] == 16
+    assert torch.equal(draft_tensors(tmp_path / "warm")["d2t"], a["d2t"])
+
+
+def test_init_refuses_a_draft_that_does_not_fit_naming_the_field(target_dir, captured, init_draft, tmp_path):
+    def refused(field: str, draft: Path, data: Path = captured, **kw) -> None:
+        out = tmp_path / f"run-{field}"
+        with pytest.raises(ContractError, match=rf"--init {draft}: the draft's {field} is"):
+            train(config(data, out, target_dir, init=str(draft), max_steps=1, **kw))
+        assert not out.exists()  # refused before anything is written
+
+    other_layers = tmp_path / "layers"
+    capture(Target.load(target_dir), prompts(4), [1, 2, 3], other_layers, max_new_tokens=8, dtype="float32",
+            progress=False)
+    refused("capture_layers", init_draft, other_layers)
+    tcfg = target_config(target_dir)
+    for field, change in [("target_hidden_size", {"hidden_size": 48}), ("vocab_size", {"vocab_size": 40})]:
+        other = contract_for_target({**tcfg, **change}, capture_layers=tuple(LAYERS), draft_vocab_size=16)
+        refused(field, write_checkpoint(tmp_path / field, other, random_tensors(other), "speculators"))
+    refused("draft_vocab_size", init_draft, draft_vocab=8)
+    refused("num_hidden_layers", init_draft, num_hidden_layers=2)
+    with pytest.raises(EyasError, match=r"init=.* with resume"):
+        train(config(captured, tmp_path / "both", target_dir, init=str(init_draft), resume=True))
+
+
+# --- learning curve -----------------------------------------------------------------------------
+
+
+def test_learning_curve_counts_processor_hours_of_the_training_steps(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    hw = {"device": "cpu", "procs": 2, "threads": 3}
+    records = [{"kind": "train", "step": 1, "tokens": 3600, "tokens_per_s": 1.0, **hw},  # 1 h x 6 cores
+               {"kind": "eval", "step": 1, "tau": 1.5, "accept_depth1": 0.3},
+               {"kind": "train", "step": 2, "tokens": 1800, "tokens_per_s": 1.0, **hw},
+               {"kind": "eval", "step": 2, "tau": 1.7, "accept_depth1": 0.4}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    curve = heldout_curve(log, "run", offset=1.0)
+    assert (curve.unit, curve.hours, curve.tau, curve.total_hours) == ("CPU", [7.0, 10.0], [1.5, 1.7], 10.0)
+    gpu = [{**r, "device": "cuda", "procs": 1} if r["kind"] == "train" else r for r in records]
+    log.write_text("".join(json.dumps(r) + "\n" for r in gpu))
+    assert heldout_curve(log).hours == [1.0, 1.5] and heldout_curve(log).unit == "GPU"
+    legacy = [{k: v for k, v in r.items() if k not in hw} for r in records]  # logs before the hardware fields
+    log.write_text("".join(json.dumps(r) + "\n" for r in legacy))
+    with pytest.raises(EyasError, match="do not say what they ran on"):
+        heldout_curve(log)
+    assert heldout_curve(log, cpus=2).hours == [2.0, 3.0]
+    png = tmp_path / "curve.png"
+    plot_heldout([heldout_curve(log, cpus=2)], png)
+    assert 0 < png.stat().st_size < 100_000
+
+
+def test_train_records_say_what_they_ran_on(target_dir, captured, tmp_path):
+    train(config(captured, tmp_path / "run", target_dir, max_steps=2, eval_fraction=0.25, save_every=0))
+    assert {(r["device"], r["procs"], r["threads"]) for r in log_records(tmp_path / "run")} == {("cpu", 1, 1)}
+    curve = heldout_curve(tmp_path / "run" / "train_log.jsonl")
+    assert curve.unit == "CPU" and len(curve.tau) == 1 and 0 < curve.hours[0] == curve.total_hours

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 
 import pytest
 import torch
@@ -99,6 +100,37 @@ def test_corrupt_safetensors(tmp_path, tensors, damage):
     data = path.read_bytes()
     path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 64, "empty": b""}[damage])
     with pytest.raises(FormatError, match="model.safetensors: not a readable safetensors file"):
+        read_tensors(tmp_path)
+
+
+def _relabel(path, name: str, **entry) -> None:
+    """Rewrite one tensor's header entry (dtype, shape, data_offsets), the bytes left as they are."""
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + n])
+    header[name].update(entry)
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+
+
+@pytest.mark.parametrize(
+    "lie",
+    [dict(shape=[2**40, 2**40]), dict(shape=[-1, 64]), dict(shape="64"), dict(dtype="XYZ"), dict(dtype=7),
+     dict(data_offsets=[0, 2**63]), dict(data_offsets=[-1, 4])],
+    ids=lambda lie: json.dumps(lie),
+)
+def test_a_lying_header_is_a_format_error(tmp_path, tensors, lie):
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    _relabel(path, "norm.weight", **lie)
+    with pytest.raises(FormatError, match="model.safetensors: not a readable safetensors file"):
+        read_tensors(tmp_path)
+
+
+def test_an_index_python_cannot_hold_is_a_format_error(tmp_path, tensors):
+    _shard(tmp_path, tensors, 2, "safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ' + "9" * 5000 + "}")
+    with pytest.raises(FormatError, match="index.json: field 'weight_map' unreadable"):
         read_tensors(tmp_path)
 
 

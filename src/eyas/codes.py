@@ -4,10 +4,12 @@ A finding is a dict: {"code", "field", "problem" (or "warning"), "fix"}. The Eng
 reworded at any time; the code may not. `eyas check --json`, `eyas inspect --json` and the doctor
 carry the code, and the doctor ranks findings by the code's fault slug, never by matching text.
 
-Each code has one rule, written once (in eyas.formats.validate, eyas.check or eyas.contract), and
-this table says what kind of fault it is: `slug` names the doctor's fault (None: the finding does
-not change what the draft computes), `severity` says whether it is a problem (check exits 1) or
-a warning.
+Each code has one rule, written once (in eyas.formats.parse / compare / read / validate, eyas.check
+or eyas.contract), and this table says what kind of fault it is: `severity` says whether it is a
+problem (check exits 1) or a warning; `slug` names the doctor's fault it points at (None: it does
+not change what the draft computes, or it only says that a default was assumed, which the doctor
+measures). A warning with a slug is a fault in some reader only (an engine that wires the draft
+otherwise, a field one transformers version reads and another ignores), not in eyas's reading.
 """
 
 from __future__ import annotations
@@ -22,13 +24,112 @@ class Code:
     meaning: str  # one line, for docs and `--json` readers
 
 
-CODES: dict[str, Code] = {}  # filled below, one entry per code
+def _problem(slug: str | None, meaning: str) -> Code:
+    return Code("problem", slug, meaning)
+
+
+def _warning(slug: str | None, meaning: str) -> Code:
+    return Code("warning", slug, meaning)
+
+
+CODES: dict[str, Code] = {
+    # --- one config file, as it is read (eyas.formats.parse) ---
+    "layer_ids_absent": _warning(None, "the config names no capture layers: engines use (2, N//2, N-3) of the target"),
+    "layer_ids_convention_assumed": _warning(
+        None, "only nested eagle_config ids: read by current SGLang's rule, not legacy SGLang's or SpecForge's"
+    ),
+    "layer_ids_top_nested_differ": _warning(
+        "capture_layers", "top-level ids (vLLM) and nested eagle_config ids (SGLang) name different layers"
+    ),
+    "layer_type_absent": _warning("config_file", "speculators config without a layer model_type (speculators: qwen3)"),
+    "norm_before_residual_absent": _warning(
+        "norm_flags", "speculators config without norm_before_residual: speculators reads False, vLLM True"
+    ),
+    "fc_skipped": _warning("fc_skipped", "eagle_config.use_aux_hidden_state is false: vLLM skips fc"),
+    "rope_theta_conflict": _warning("rope", "rope_theta and rope_parameters.rope_theta differ (transformers 4 vs 5)"),
+    "tensors_not_checked": _warning(None, "a lone config file was read: the weights were not checked"),
+    # --- a folder's config files against each other (eyas.formats.compare) ---
+    "config_files_disagree_capture_layers": _problem("config_file", "the config files name different capture layers"),
+    "config_files_disagree_norm_flags": _problem("config_file", "the config files set a norm flag differently"),
+    "config_files_disagree_dims": _problem(
+        "config_file", "the config files state different layer dimensions, layer type, activation or bias"
+    ),
+    "config_files_disagree_vocab": _problem("config_file", "the config files state different vocab sizes"),
+    "config_files_disagree_rope": _problem("config_file", "the config files state different rope theta or scaling"),
+    "config_files_disagree_eps": _problem("config_file", "the config files state different rms_norm_eps"),
+    "config_files_disagree_eps_rounding": _warning(
+        None, "the config files' rms_norm_eps agree to 6 significant digits (printed differently)"
+    ),
+    "config_files_disagree_context": _warning(None, "the config files state different max_position_embeddings"),
+    "config_files_disagree_verifier": _warning(None, "the config files name different verifiers"),
+    # --- weights and tensors against the contract (eyas.formats.read, eyas.formats.validate) ---
+    "weights_missing": _problem(None, "the folder holds no weights file"),
+    "layers_missing": _problem(None, "num_hidden_layers counts a decoder layer that is not stored"),
+    "layers_extra": _problem(None, "a decoder layer is stored beyond num_hidden_layers"),
+    "tensor_missing": _problem(None, "a tensor every draft has is missing"),
+    "tensor_unknown": _problem(None, "a tensor no EAGLE-3 loader has"),
+    "tensor_shape": _problem(None, "a decoder tensor's shape disagrees with the config's dimensions"),
+    "tensor_dtype": _problem(None, "a weight is stored as integers or booleans, not floating point"),
+    "flag_tensor_missing": _problem(None, "a tensor the layer type or attention_bias adds is missing"),
+    "flag_tensor_unexpected": _problem(None, "a tensor stored although the layer type or attention_bias excludes it"),
+    "feature_norm_missing": _problem("norm_flags", "input_norm / fc_norm is missing although its flag is set"),
+    "feature_norm_unexpected": _problem("norm_flags", "input_norm / fc_norm is stored but its flag is not set"),
+    "feature_norm_shape": _problem("norm_flags", "input_norm / fc_norm has the wrong width"),
+    "fc_chunks": _problem("capture_layers", "fc.weight reads another number of target states than the layer ids name"),
+    "fc_shape": _problem("capture_layers", "fc.weight's shape fits no count of target states"),
+    "lm_head_shape": _problem(None, "lm_head.weight's shape disagrees with draft_vocab_size or hidden_size"),
+    "embed_tokens_shape": _problem("embeddings", "embed_tokens.weight's shape disagrees with vocab_size/hidden_size"),
+    # --- the vocab map (eyas.formats.validate.vocab_map_problems, the one rule) ---
+    "vocab_map_missing": _problem("vocab_map", "a reduced draft vocab without d2t/t2d: engines map id i to id i"),
+    "d2t_missing": _problem("vocab_map", "t2d is stored without d2t"),
+    "t2d_missing": _problem("vocab_map", "d2t is stored without t2d"),
+    "vocab_map_shape": _problem("vocab_map", "d2t is not [draft_vocab_size] or t2d not [vocab_size]"),
+    "d2t_dtype": _problem("vocab_map", "d2t is not int64 offsets"),
+    "t2d_dtype": _problem("vocab_map", "t2d is not a bool mask"),
+    "d2t_out_of_range": _problem("vocab_map", "arange + d2t leaves the target vocab (target ids stored, not offsets)"),
+    "d2t_not_increasing": _problem("vocab_map", "arange + d2t is not strictly increasing: t2d cannot describe it"),
+    "t2d_count": _problem("vocab_map", "t2d marks another number of target ids than draft_vocab_size"),
+    "t2d_disagrees": _problem("vocab_map", "t2d does not mark the target ids d2t maps to"),
+    # --- the contract against a target (eyas.contract, eyas.check.rules) ---
+    "capture_layers_not_recorded": _problem(None, "no capture layers recorded: engines fall back to (2, N//2, N-3)"),
+    "capture_layers_out_of_range": _problem("capture_layers", "a capture layer beyond the target's depth"),
+    "capture_layers_not_increasing": _problem("capture_layers", "capture layers not strictly increasing"),
+    "target_vocab_size": _problem(None, "the draft's vocab_size is not the target's"),
+    "target_draft_vocab_size": _problem(None, "the draft vocab is larger than the target's"),
+    "target_hidden_size": _problem(None, "the draft reads target states of another width"),
+    "target_embeddings_unshareable": _problem("embeddings", "widths differ and the draft ships no embed_tokens"),
+    "target_context_longer": _problem(None, "the draft's max_position_embeddings is shorter than the target's"),
+    "target_architectures": _problem(None, "the draft names another verifier architecture"),
+    "target_not_given": _warning(None, "no target given: nothing was checked against one"),
+    # --- the contract on its own (eyas.check.rules) ---
+    "verifier_name_missing": _problem(None, "a speculators config without a verifier name: vllm serve cannot find it"),
+    "verifier_not_portable": _problem(None, "the verifier is recorded as a local path"),
+    "rope_theta_absent": _warning(None, "no rope_theta: every engine builds theta 10000"),
+    # --- what a serving engine does differently from the contract (eyas.check.consumers) ---
+    "consumer_capture_layers": _warning("capture_layers", "an engine captures other layers than the contract's"),
+    "consumer_capture_default": _warning("capture_layers", "an engine reads no ids and captures its default layers"),
+    "consumer_norm_flags": _warning("norm_flags", "an engine uses another norm flag than the contract's"),
+    "consumer_replaces_embeddings": _warning("embeddings", "an engine feeds the target's embeddings, not the draft's"),
+    "consumer_no_vocab_map": _warning("vocab_map", "an engine maps draft ids to target ids as the identity"),
+    "consumer_builds_qwen3": _warning("config_file", "speculators builds a qwen3 layer: no model_type is named"),
+}
 
 
 def finding(code: str, field: str, text: str, fix: str) -> dict[str, str]:
     """A problem or warning record; `code` must be registered (an unknown code is a bug in eyas)."""
     c = CODES[code]
     return {"code": code, "field": field, c.severity: text, "fix": fix}
+
+
+def text_of(f: dict[str, str]) -> str:
+    """What a finding says, whichever its severity."""
+    return f[CODES[f["code"]].severity]
+
+
+def prefixed(f: dict[str, str], prefix: str) -> dict[str, str]:
+    """The same finding with its text prefixed (a file, a consumer's name): codes and fixes unchanged."""
+    key = CODES[f["code"]].severity
+    return {**f, key: prefix + f[key]}
 
 
 def slug_of(code: str) -> str | None:

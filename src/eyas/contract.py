@@ -2,13 +2,13 @@
 
 Every reader in `eyas.formats` converts a checkpoint's config into a `DraftContract`; every writer
 converts out of it. Everything else in eyas (drafter, target capture, eval, decode, doctor) reads
-only this dataclass.
+only this dataclass. What a target's own config says (`target_facts`) is read here too, so that
+formats and checks depend on this module and never the other way round.
 
 `capture_layers` has ONE meaning everywhere in eyas: index k is the residual stream ENTERING target
 decoder layer k (0-based), i.e. Hugging Face `output_hidden_states[k]`, where index 0 is the
-embeddings. This is vLLM's and the original EAGLE code's convention (reference: speculators-and-vllm
-§4.6). Engines that use "output of layer i" ids (SpecForge, SGLang's +1 rule) are converted at the
-format boundary, never here.
+embeddings. This is vLLM's and the original EAGLE code's convention. Engines that use "output of
+layer i" ids (SpecForge, SGLang's +1 rule) are converted at the format boundary, never here.
 
 Canonical tensor names follow speculators (`layers.{i}.*`); the only other on-disk naming, the
 original EAGLE `midlayer.*`, is one rename rule in `eyas.weights`.
@@ -20,10 +20,31 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from eyas.codes import finding
 from eyas.errors import ContractError
 
 LAYER_TYPES = ("llama", "qwen3")
 DEFAULT_ROPE_THETA = 10000.0  # what every engine builds when a draft config names no rope theta
+IDS = "eagle_aux_hidden_state_layer_ids"  # the config key that records capture_layers, in every format
+
+
+def target_facts(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a target (verifier) config.json says about itself; multimodal configs nest it in `text_config`."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+
+    def pick(key: str) -> Any:
+        return cfg[key] if cfg.get(key) is not None else text.get(key)
+
+    rope = pick("rope_parameters") if isinstance(pick("rope_parameters"), dict) else {}
+    return {
+        "name_or_path": cfg.get("_name_or_path") or None,
+        "architectures": tuple(cfg.get("architectures") or ()),
+        "num_hidden_layers": pick("num_hidden_layers"),
+        "hidden_size": pick("hidden_size"),
+        "vocab_size": pick("vocab_size"),
+        "max_position_embeddings": pick("max_position_embeddings"),
+        "rope_theta": pick("rope_theta") if pick("rope_theta") is not None else rope.get("rope_theta"),
+    }
 
 
 def default_capture_layers(num_target_layers: int) -> tuple[int, ...]:
@@ -184,30 +205,53 @@ def expected_shapes(c: DraftContract) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_capture_layers(c: DraftContract, num_target_layers: int) -> list[str]:
-    """Problems with `capture_layers` against a target of `num_target_layers` decoder layers.
+_RECORD_IDS = "record the layers the draft was trained on (eyas convert writes them explicitly)"
+
+
+def capture_layer_problems(c: DraftContract, num_target_layers: int) -> list[dict[str, str]]:
+    """Findings on `capture_layers` against a target of `num_target_layers` decoder layers.
 
     Index N (the last layer's output, before the final norm) is a valid capture point; beyond
     that nothing exists.
     """
     if c.capture_layers is None:
         return [
-            "capture_layers are not recorded: engines fall back to "
-            f"{list(default_capture_layers(num_target_layers))}, which may not be what the draft was trained on"
+            finding(
+                "capture_layers_not_recorded",
+                IDS,
+                "capture_layers are not recorded: engines fall back to "
+                f"{list(default_capture_layers(num_target_layers))}, which may not be what the draft was trained on",
+                _RECORD_IDS,
+            )
         ]
     bad = [k for k in c.capture_layers if not 0 <= k <= num_target_layers]
     problems = []
     if bad:
         problems.append(
-            f"capture_layers {list(c.capture_layers)}: {bad} outside the target's "
-            f"0..{num_target_layers} (it has {num_target_layers} decoder layers)"
+            finding(
+                "capture_layers_out_of_range",
+                IDS,
+                f"capture_layers {list(c.capture_layers)}: {bad} outside the target's "
+                f"0..{num_target_layers} (it has {num_target_layers} decoder layers)",
+                _RECORD_IDS,
+            )
         )
     if list(c.capture_layers) != sorted(set(c.capture_layers)):
         problems.append(
-            f"capture_layers {list(c.capture_layers)} are not strictly increasing: "
-            "features are concatenated in this order, check it is the order the draft was trained on"
+            finding(
+                "capture_layers_not_increasing",
+                IDS,
+                f"capture_layers {list(c.capture_layers)} are not strictly increasing: "
+                "features are concatenated in this order, check it is the order the draft was trained on",
+                _RECORD_IDS,
+            )
         )
     return problems
+
+
+def check_capture_layers(c: DraftContract, num_target_layers: int) -> list[str]:
+    """The texts of `capture_layer_problems`, for callers that raise on the first one."""
+    return [f["problem"] for f in capture_layer_problems(c, num_target_layers)]
 
 
 def contract_for_target(
@@ -223,8 +267,6 @@ def contract_for_target(
     draft trained with eyas is wired the same way whether or not a consumer reads its ids.
     draft_vocab_size default: the full target vocab (no vocab map).
     """
-    from eyas.formats import target_facts  # formats imports this module
-
     f = target_facts(cfg)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     N, H, V = f["num_hidden_layers"], f["hidden_size"], f["vocab_size"]

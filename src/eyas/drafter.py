@@ -5,7 +5,7 @@ names, so `state_dict()` is the checkpoint as it stands: `fc`, `layers.0.hidden_
 `lm_head`, `d2t`, ... Loading is `load_state_dict`, no rename table.
 
 One draft step, in the order the code runs it (references: speculators `models/eagle3/core.py`,
-EAGLE `cnets.py`; eyas reference doc speculators-and-vllm §3.2):
+EAGLE `cnets.py`):
 
     h   = fc(feature_norm(g))         # [B, T, A*H_t] -> [B, T, H]: `combine`, first step only
     e   = embed_tokens(x)             # x_{t+1}: the token AFTER the one whose features are g_t
@@ -18,7 +18,10 @@ EAGLE `cnets.py`; eyas reference doc speculators-and-vllm §3.2):
     next hidden = norm(out) if norm_output else out
 
 `forward` runs one step over T new positions, with an optional `DraftCache` and boolean mask (chains
-and trees for decoding); `forward_ttt` is the training-time-test unroll built from `forward`.
+and trees for decoding); `forward_ttt` is the training-time-test unroll built from `forward` (its
+attention: `eyas.ttt_attention`).
+Around the model: `eyas.rope` (rotary frequencies), `eyas.drafter_checks` (what a drafter can be
+built from), `eyas.drafter_loading` (a drafter from a checkpoint folder, the shipped draft).
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eyas.contract import DraftContract, expected_shapes
+from eyas.contract import DraftContract
+from eyas.drafter_checks import check_buildable, check_tensors, check_vocab_map
 from eyas.errors import ContractError
+from eyas.rope import rope_parameters
+from eyas.shift import shift_left
+from eyas.ttt_attention import TTTCache
 
 # --- attention: SDPA for speed, the eager formula as its reference (tested against each other) ---
 
@@ -73,79 +80,18 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
 }
 
-# --- rotary position embedding ---
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-def _rope_param(scaling: dict, key: str, rope_type: str):
-    if scaling.get(key) is None:
+def _check_implemented(c: DraftContract, attention: str) -> None:
+    """The contract asks for what this model implements (rope types are checked in eyas.rope)."""
+    assert attention in ATTENTION, f"attention must be one of {sorted(ATTENTION)}"
+    if c.hidden_act not in ACTIVATIONS:
         raise ContractError(
-            f"rope_scaling of type {rope_type!r} has no {key!r}",
-            f"add {key!r} to rope_scaling in the draft config (copy it from the target's config)",
+            f"hidden_act {c.hidden_act!r} is not supported by the eyas drafter",
+            f"supported: {', '.join(ACTIVATIONS)}",
         )
-    return scaling[key]
 
 
-def rope_parameters(c: DraftContract) -> tuple[Tensor, float]:
-    """Inverse frequencies [head_dim / 2] (fp32) and the cos/sin scale for the contract's rope type.
-
-    Same formulas as transformers' `ROPE_INIT_FUNCTIONS` (tested against them): `linear` divides
-    every frequency by `factor`; `llama3` divides only long wavelengths and blends the middle band;
-    `yarn` blends interpolated and original frequencies over a ramp and scales cos/sin.
-    """
-    scaling = dict(c.rope_scaling or {})
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ContractError(
-            f"rope_scaling type {rope_type!r} is not supported by the eyas drafter",
-            f"supported: {', '.join(ROPE_TYPES)}",
-        )
-    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ContractError(
-            f"rope_scaling partial_rotary_factor {scaling['partial_rotary_factor']} is not supported",
-            "EAGLE-3 drafts rotate the whole head; remove partial_rotary_factor or use a different runner",
-        )
-    base, dim = c.rope_base, c.head_dim
-    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim)
-    if rope_type == "default":
-        return inv_freq, 1.0
-    if rope_type == "linear":
-        return inv_freq / _rope_param(scaling, "factor", rope_type), 1.0
-    original_len = scaling.get("original_max_position_embeddings") or c.max_position_embeddings
-    if rope_type == "llama3":
-        factor = _rope_param(scaling, "factor", rope_type)
-        low = _rope_param(scaling, "low_freq_factor", rope_type)
-        high = _rope_param(scaling, "high_freq_factor", rope_type)
-        wavelen = 2 * math.pi / inv_freq
-        # wavelength > original_len / low: interpolate fully; < original_len / high: keep; between: blend
-        scaled = torch.where(wavelen > original_len / low, inv_freq / factor, inv_freq)
-        smooth = (original_len / wavelen - low) / (high - low)
-        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        medium = (wavelen >= original_len / high) & (wavelen <= original_len / low)
-        return torch.where(medium, blended, scaled), 1.0
-    # yarn
-    factor = scaling.get("factor") or c.max_position_embeddings / original_len
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attention_factor = scaling.get("attention_factor")
-    if attention_factor is None:
-        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-
-    def correction_dim(rotations: float) -> float:  # the dim index that turns `rotations` times
-        return dim * math.log(original_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = correction_dim(scaling.get("beta_fast") or 32), correction_dim(scaling.get("beta_slow") or 1)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    ramp = torch.arange(dim // 2, dtype=torch.float32, device="cpu")
-    ramp = ((ramp - low) / ((high - low) or 1e-3)).clamp(0, 1)
-    # ramp 0: high frequency, keep (extrapolate); ramp 1: low frequency, interpolate by `factor`
-    return inv_freq * (1 - ramp) + inv_freq / factor * ramp, float(attention_factor)
+# --- rotary position embedding (frequencies: eyas.rope) ---
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -199,7 +145,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.attention = ATTENTION[attention]
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache: DraftCache | None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+                cache: DraftCache | TTTCache | None) -> Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, -1, self.head_dim)  # [B, T, nh, D]
         k = self.k_proj(x).view(B, T, -1, self.head_dim)  # [B, T, n_kv, D]
@@ -209,9 +156,13 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: same rotation for every head
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, cache_len + T, D]
-        y = self.attention(q, k, v, mask)  # [B, nh, T, D]
+        if isinstance(cache, TTTCache):  # training-time test: step-0 keys (its own mask) + t's own diagonal
+            y = cache.attend(self.layer_idx, q, k, v)
+        else:
+            if cache is not None:
+                k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, cache_len + T, D]
+            # decoding's cache (eyas.decode.StaticKV) keeps k/v in fp32: attention then runs in fp32
+            y = self.attention(q.to(k.dtype), k, v, mask).to(x.dtype)  # [B, nh, T, D]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -294,14 +245,15 @@ def ttt_mask(T: int, steps: int, document_ids: Tensor | None, device: torch.devi
 class DraftCache:
     """Rotated keys and values of every position the draft has processed, per layer.
 
-    Grows by concatenation rather than writing into a preallocated buffer: `forward_ttt` trains
-    through it, and autograd rejects in-place writes into a buffer whose earlier slices it saved.
+    Grows by concatenation rather than writing into a preallocated buffer: gradients flow through
+    it, and autograd rejects in-place writes into a buffer whose earlier slices it saved. Decoding
+    needs no gradients and uses eyas.decode.StaticKV instead (same interface, preallocated).
     `max_len` (optional) bounds the length; exceeding it is a caller bug.
     """
 
     def __init__(self, drafter: Drafter, batch_size: int, max_len: int | None = None):
         c = drafter.contract
-        p = drafter.fc.weight
+        p = drafter.norm.weight
         empty = p.new_zeros(batch_size, c.num_key_value_heads, 0, c.head_dim)
         self.k = [empty] * c.num_hidden_layers
         self.v = [empty] * c.num_hidden_layers
@@ -338,7 +290,8 @@ class Drafter(nn.Module):
     ):
         super().__init__()
         c = self.contract = contract
-        _check_buildable(c, embed_tokens, attention)
+        _check_implemented(c, attention)
+        check_buildable(c, embed_tokens)
         H, A, H_t = c.hidden_size, c.num_aux_layers, c.target_hidden_size
         if c.has_embeddings:
             self.embed_tokens = nn.Embedding(c.vocab_size, H)
@@ -371,7 +324,7 @@ class Drafter(nn.Module):
         attention: str = "sdpa",
     ) -> Drafter:
         """A drafter holding copies of `tensors` (canonical names), floats cast to `dtype`."""
-        _check_tensors(contract, tensors)
+        check_tensors(contract, tensors)
         if contract.has_vocab_map:
             check_vocab_map(contract, tensors["d2t"], tensors["t2d"])
         if embed_tokens is not None:
@@ -381,30 +334,6 @@ class Drafter(nn.Module):
         state = {k: v.to(dtype if v.is_floating_point() else v.dtype, copy=True) for k, v in tensors.items()}
         drafter.load_state_dict(state, strict=True, assign=True)
         return drafter
-
-    @classmethod
-    def load(
-        cls,
-        path,
-        *,
-        target=None,
-        layer_convention: str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> Drafter:
-        """A drafter from a checkpoint of any format; a draft without embed_tokens gets the
-        target's (only that tensor is read from the target's weight files, never the model).
-
-        `path` None or "default": the draft eyas ships for the target (see `resolve_drafter`).
-        `target`: the target's folder, or None for the embedded default. The draft must fit it
-        (vocab, hidden size, capture depth): checked before any tensor is read.
-        """
-        from eyas.formats import read_checkpoint
-        from eyas.target import check_fits, load_target_embeddings, target_config
-
-        ckpt = read_checkpoint(resolve_drafter(path, target), layer_convention=layer_convention)
-        check_fits(ckpt.contract, target_config(target))
-        embed = None if ckpt.contract.has_embeddings else load_target_embeddings(target)
-        return cls.from_tensors(ckpt.contract, ckpt.tensors, embed_tokens=embed, dtype=dtype)
 
     @torch.no_grad()
     def init_weights(self, seed: int, *, std: float = 0.02) -> Drafter:
@@ -505,6 +434,7 @@ class Drafter(nn.Module):
         position_ids: Tensor | None = None,
         document_ids: Tensor | None = None,
         logits: bool = True,
+        masked: bool = False,
     ) -> list[Tensor]:
         """Training-time test: `steps` unrolled draft steps -> per-step logits, each [B, T, Vd]
         (`logits=False`: each step's next_hidden [B, T, H] instead; `head` turns any rows of it into
@@ -523,127 +453,25 @@ class Drafter(nn.Module):
         Attention: step j at t sees step-0 keys at positions <= t (same document when
         `document_ids` [B, T] is given) plus its own entries of steps 1..j; rope position of step j =
         position_ids + j (position_ids default 1 + arange(T), speculators' convention; rope is
-        relative, so only differences matter). Implemented as `steps` calls of `forward` that
-        append every step's keys to one DraftCache, with one boolean mask (`ttt_mask`) built once
-        and sliced per step. Cost grows as steps^2 * T^2 for the masked-out blocks: fine at draft
-        sizes; the diagonal trick (EAGLE's cache_hidden) would avoid it at the price of a second
-        attention path.
+        relative, so only differences matter). `steps` calls of `forward`: by default on a
+        `TTTCache` (`eyas.ttt_attention`: step-0 scores plus one diagonal column per later step,
+        steps * T^2). `masked=True` is the reference it is tested against: every step's keys
+        appended to one DraftCache under one boolean mask (`ttt_mask`), steps^2 * T^2.
         """
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = 1 + torch.arange(T, device=input_ids.device).expand(B, T)
-        mask = ttt_mask(T, steps, document_ids, input_ids.device)
-        cache = DraftCache(self, B)
+        mask = ttt_mask(T, steps if masked else 1, document_ids, input_ids.device)
+        cache = DraftCache(self, B) if masked else TTTCache(self.contract.num_hidden_layers, mask)
         hidden, ids = self.combine(features), input_ids
         outputs = []
         for j in range(steps):
-            step_mask = mask[..., : (j + 1) * T]  # step-0 block + the diagonal blocks of steps 1..j
+            step_mask = mask[..., : (j + 1) * T]  # step-0 block (+ masked: the diagonal blocks of steps 1..j)
             step_logits, hidden = self(hidden, ids, position_ids + j, cache=cache, attn_mask=step_mask,
                                        with_logits=logits or next_ids is None)
             outputs.append(step_logits if logits else hidden)
             if next_ids is None:
                 ids = self.to_target_ids(step_logits.argmax(-1))
             else:  # step j + 1 at t reads next_ids[t + j]
-                ids = torch.cat([next_ids[:, j:], next_ids.new_zeros(B, j)], dim=1)
+                ids = shift_left(next_ids, j)
         return outputs
-
-
-# --- checks (user input: ContractError, naming what was found and what was expected) ---
-
-
-def _check_buildable(c: DraftContract, embed_tokens: Tensor | None, attention: str) -> None:
-    assert attention in ATTENTION, f"attention must be one of {sorted(ATTENTION)}"
-    if c.hidden_act not in ACTIVATIONS:
-        raise ContractError(
-            f"hidden_act {c.hidden_act!r} is not supported by the eyas drafter",
-            f"supported: {', '.join(ACTIVATIONS)}",
-        )
-    if c.reduced_vocab and not c.has_vocab_map:
-        raise ContractError(
-            f"the draft predicts {c.draft_vocab_size} of the target's {c.vocab_size} tokens "
-            "but has no d2t/t2d",
-            "add the vocab map the draft was trained with (d2t, t2d) to the checkpoint",
-        )
-    if c.has_embeddings and embed_tokens is not None:
-        raise ValueError("the contract has its own embed_tokens; do not pass the target's as well")
-    if not c.has_embeddings:
-        if embed_tokens is None:
-            raise ContractError(
-                "the draft has no embed_tokens.weight and none was given",
-                "pass the target's embeddings: embed_tokens=eyas.target.target_tensors(...)",
-            )
-        if tuple(embed_tokens.shape) != (c.vocab_size, c.hidden_size):
-            raise ContractError(
-                f"the shared embed_tokens are {list(embed_tokens.shape)}; "
-                f"the draft expects [vocab_size, hidden_size] = [{c.vocab_size}, {c.hidden_size}]",
-                "use the embeddings of the target the draft was trained for",
-            )
-
-
-def _check_tensors(c: DraftContract, tensors: dict[str, Tensor]) -> None:
-    expected = expected_shapes(c)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ContractError(
-            f"draft tensors do not match the contract: missing {missing}, unexpected {unexpected}",
-            "read the checkpoint with eyas.formats.read_checkpoint, which derives the contract from it",
-        )
-    wrong = [f"{k} is {list(tensors[k].shape)}, expected {list(s)}" for k, s in expected.items()
-             if tuple(tensors[k].shape) != s]
-    if wrong:
-        raise ContractError(
-            "; ".join(wrong), "the config and the weights disagree: run eyas check on the checkpoint"
-        )
-
-
-def check_vocab_map(c: DraftContract, d2t: Tensor, t2d: Tensor) -> None:
-    """d2t must map every draft id into the target vocab, onto exactly the ids t2d marks."""
-    if d2t.dtype != torch.int64 or tuple(d2t.shape) != (c.draft_vocab_size,):
-        raise ContractError(
-            f"d2t is {d2t.dtype} {list(d2t.shape)}; expected int64 [{c.draft_vocab_size}]",
-            "d2t holds offsets: target_id = draft_id + d2t[draft_id]",
-        )
-    if t2d.dtype != torch.bool or tuple(t2d.shape) != (c.vocab_size,):
-        raise ContractError(
-            f"t2d is {t2d.dtype} {list(t2d.shape)}; expected bool [{c.vocab_size}]",
-            "t2d is a boolean mask over the target vocab",
-        )
-    target = torch.arange(c.draft_vocab_size) + d2t.cpu()
-    if target.min() < 0 or target.max() >= c.vocab_size:
-        raise ContractError(
-            f"d2t maps draft ids to target ids {int(target.min())}..{int(target.max())}, "
-            f"outside the target vocab 0..{c.vocab_size - 1}",
-            "d2t must be offsets (target_id - draft_id), not target ids",
-        )
-    t2d = t2d.cpu()
-    distinct = target.unique().numel()
-    if int(t2d.sum()) != c.draft_vocab_size or distinct != len(target) or not bool(t2d[target].all()):
-        raise ContractError(
-            f"d2t and t2d disagree: t2d marks {int(t2d.sum())} target ids, d2t reaches "
-            f"{distinct} distinct ids of which {int(t2d[target].sum())} are marked",
-            "rebuild both from the same sorted list of drafted target ids",
-        )
-
-
-# Drafts shipped inside the package, by target identity (trained with eyas: recipes/).
-SHIPPED_DRAFTS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "drafts/smollm2-135m-instruct"}
-
-
-def resolve_drafter(spec, target=None):
-    """A draft folder: `spec` itself, or for None / "default" the draft shipped for `target`."""
-    from importlib.resources import files
-    from pathlib import Path
-
-    from eyas.errors import EyasError
-    from eyas.target import target_name
-
-    if spec not in (None, "default"):
-        return Path(spec)
-    name = target_name(target)
-    shipped = files("eyas") / SHIPPED_DRAFTS[name] if name in SHIPPED_DRAFTS else None
-    if shipped is None or not shipped.is_dir():
-        raise EyasError(f"no draft given and eyas ships none for {name}",
-                        "pass a draft folder (eyas init DIR --target T makes an untrained one; eyas train trains one)")
-    return Path(str(shipped))
-

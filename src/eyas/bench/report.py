@@ -1,0 +1,124 @@
+"""What `eyas bench` reports besides its numbers, and how it shows them: the environment a run was
+measured in (versions, threads, machine, the eyas commit), the terminal table and the speedup plot."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from eyas.atomic import write_atomic
+from eyas.bench.timing import METHODS
+from eyas.draft_shape import shape_label
+from eyas.dtypes import short_name
+from eyas.generate import TARGET_ALONE
+from eyas.machine import cpu_flags, cpu_model
+
+
+def git_commit() -> str | None:
+    """The commit of the eyas checkout this module runs from; None for an installed copy."""
+    here = Path(__file__).resolve().parents[1]  # the eyas package: src/eyas in a checkout
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True,
+                             cwd=here, check=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # a wheel installed into a venv that sits inside some git checkout is not that checkout's code
+    return top[1] if len(top) == 2 and Path(top[0]).resolve() / "src" / "eyas" == here else None
+
+
+def environment(dtype: torch.dtype) -> dict:
+    import transformers
+
+    try:
+        version = importlib.metadata.version("eyas")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": short_name(dtype),
+        "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),  # the instruction sets measured shapes and dtypes are keyed by
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "eyas_version": version,
+        "eyas_commit": git_commit(),
+    }
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_bench(report: dict) -> str:
+    """The terminal table: one row per method, then acceptance by depth and speedup by category."""
+    env, shapes = report["environment"], report["shapes"]
+    label = {"eyas_chain": shape_label(shapes["eyas_chain"]), "eyas_tree": shape_label(shapes["eyas_tree"])}
+    ngram = f", n-gram branch {report['ngram_tokens']}" if report.get("ngram_tokens") else ""
+    lines = [
+        (f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
+         f"{report['dtype']} ({report.get('dtype_source', 'given')}), {env['threads']} threads, "
+         f"torch {env['torch']}{ngram}; target {report['target']}"),
+        ("speedup: pooled tokens/s over hf_greedy's; per prompt: median [quartiles] of the prompts' ratios; "
+         "cpu: the same pooled ratio in tokens per CPU second"),
+        (f"{'method':<30} {'tok/s':>7} {'speedup':>8} {'per prompt':>18} {'cpu':>6} {'tau':>5} {'identical':>9}  "
+         f"{'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
+    ]
+    for name, m in report["methods"].items():
+        split, p = m["time_split"] or {}, m["per_prompt_speedup"]
+        row = f"{name + (' (' + label[name] + ')' if name in label else ''):<30} {_f(m['tokens_per_s'], '.1f'):>7} "
+        row += f"{_f(m['speedup'], '.2f') + 'x':>8} "
+        row += f"{_f(p['median'], '.2f') + ' [' + _f(p['q25'], '.2f') + '-' + _f(p['q75'], '.2f') + ']':>18} "
+        row += f"{_f(m['cpu_speedup'], '.2f') + 'x':>6} "
+        row += f"{_f(m['tau'], '.2f'):>5} {m['identical_prompts']:>4}/{report['num_prompts']:<4} "
+        row += " ".join(f"{_f(split.get(k), '.0%'):>6}" for k in ("prefill", "draft", "verify", "other"))
+        lines.append(row)
+    for name in ("eyas_chain", "eyas_tree"):
+        acc = report["methods"][name]["acceptance_by_depth"] or []
+        lines.append(f"acceptance by depth, {label[name]}: " + " ".join(_f(a, ".2f") for a in acc))
+    cats = list(report["categories"])
+    lines.append("speedup by category: " + " ".join(f"{c[:10]:>10}" for c in cats))
+    for name in METHODS[1:]:
+        cells = " ".join(f"{_f(report['categories'][c]['methods'][name]['speedup'], '.2f'):>10}" for c in cats)
+        lines.append(f"{name:<20} {cells}")
+    if report["sweep"]:
+        s = report["sweep"]
+        lines.append(f"sweep: fastest {shape_label(s['best'])} at {s['best_tokens_per_s']:.1f} tok/s, target alone "
+                     f"{s['target_tokens_per_s']:.1f} tok/s; saved to {s['cache']}")
+    if shapes["generate"]["source"] == TARGET_ALONE:
+        lines.append(f"eyas generate decodes with the {TARGET_ALONE}")
+    return "\n".join(lines)
+
+
+def plot_bench(report: dict, path: str | Path) -> None:
+    """Speedup over hf_greedy per method, for all prompts and per category, as grouped bars (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {"all": report["methods"], **{c: v["methods"] for c, v in report["categories"].items()}}
+    methods = METHODS[1:]
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) + 2), 4))
+    for j, m in enumerate(methods):
+        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [g[m]["speedup"] or 0.0 for g in groups.values()], width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), list(groups), rotation=30, ha="right")
+    ax.set_ylabel("speedup over HF greedy")
+    ax.set_title(f"{report['target']}\n{report['dtype']}, {report['num_prompts']} prompts x "
+                 f"{report['max_new_tokens']} new tokens", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fmt = Path(path).suffix.lstrip(".").lower() or None  # as savefig(path) infers it; None: png
+    write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=120))
+    plt.close(fig)

@@ -1,0 +1,63 @@
+"""`eyas check`: every finding on a draft checkpoint at once, against a target's config when given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eyas.check.consumers import consumer_warnings, consumers
+from eyas.check.rules import contract_problems, target_problems
+from eyas.codes import finding
+from eyas.contract import target_facts
+from eyas.formats import LAYER_CONVENTIONS, Checkpoint, read_checkpoint
+from eyas.target import target_config
+
+
+@dataclass
+class CheckReport:
+    """Result of `check_checkpoint`: findings (eyas.codes); any problem makes `eyas check` exit 1."""
+
+    path: Path
+    checkpoint: Checkpoint
+    problems: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[dict[str, str]] = field(default_factory=list)
+    target: dict[str, Any] | None = None  # target_facts of the target config, when given
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_checkpoint(
+    path: str | Path, *, target: str | Path | None = None, layer_convention: str | None = None
+) -> CheckReport:
+    """Every problem with the draft at `path` (folder or config .json), against `target` when given
+    (a folder, its config file, or "default": eyas.target.target_config).
+
+    Raises FormatError only when the input cannot be read at all (no config, malformed JSON, a config
+    of neither format, weights that cannot be read, an unreadable target); everything else is a
+    finding in the report.
+    """
+    if layer_convention not in (None, *LAYER_CONVENTIONS):
+        raise ValueError(f"layer_convention must be one of {LAYER_CONVENTIONS} or None")
+    tgt_cfg = target_config(target) if target is not None else None
+    ckpt = read_checkpoint(path, layer_convention=layer_convention, verifier_config=tgt_cfg, strict=False)
+    report = CheckReport(path=Path(path), checkpoint=ckpt, problems=list(ckpt.problems), warnings=list(ckpt.warnings))
+    problems, warnings = contract_problems(ckpt)
+    report.problems += problems
+    report.warnings += warnings
+    if tgt_cfg is not None:
+        report.target = target_facts(tgt_cfg)
+        report.problems += target_problems(ckpt.contract, report.target)
+    else:
+        report.warnings.append(
+            finding(
+                "target_not_given",
+                "target",
+                "no --target: vocab, width, depth and context were not checked against a target",
+                "pass --target DIR_OR_CONFIG (or --target default for the embedded target)",
+            )
+        )
+    report.warnings += consumer_warnings(consumers(ckpt))
+    return report

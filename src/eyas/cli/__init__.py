@@ -1,0 +1,45 @@
+"""The `eyas` command line: parse arguments, call one library function, print. Nothing else.
+
+- `parser`: the one grammar (build_parser), every flag built by a shared helper.
+- `inputs`: flags -> library arguments, the same for every verb (target, draft, capture layers).
+- `output`: JSON on stdout, logs on stderr, the text of a finding.
+- `checkpoint`: inspect, check, convert, init, and the inspect report.
+- `measure`: capture, eval, train.
+- `decoding`: generate, bench.
+- `doctor`: doctor.
+- `examples`: the examples each verb's --help ends with.
+
+Every command prints one JSON object on stdout under `--json` (logs go to stderr) and exits 0 (ok),
+1 (`check` found problems, `doctor` found a fault) or 2 (the input cannot be used: one `error:` and
+one `hint:` line; `EYAS_DEBUG=1` shows the traceback instead). `python -m eyas` is the same command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from eyas.cli.output import progress_bars
+from eyas.cli.parser import build_parser
+from eyas.errors import EyasError
+
+__all__ = ["build_parser", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (`eyas`); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2, already printed by argparse)
+        return int(e.code or 0)
+    try:
+        with progress_bars(getattr(args, "progress", True)):
+            return args.func(args)
+    except EyasError as e:
+        if os.environ.get("EYAS_DEBUG") == "1":
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"hint: {e.hint}", file=sys.stderr)
+        return 2

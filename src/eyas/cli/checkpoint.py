@@ -1,0 +1,269 @@
+"""The verbs that read and write draft checkpoints without running a model: inspect, check,
+convert, init, with the inspect report and its text form.
+
+Each verb imports the library code it runs, so `eyas --help` and the other verbs load only what they need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from eyas.cli.inputs import capture_layers_of, drafter_of, target_of
+from eyas.cli.output import log, print_json
+from eyas.codes import text_of
+
+if TYPE_CHECKING:
+    from eyas.formats import Checkpoint
+
+
+def _verifier_config(args: argparse.Namespace) -> dict | None:
+    """The `--target` config that resolves what the draft's own config leaves to its target."""
+    from eyas.target import target_config
+
+    target = target_of(args, weights=False)
+    return None if target is None else target_config(target)
+
+
+# --- inspect ------------------------------------------------------------------------------------
+
+
+def tensor_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
+    """Count, parameters, dtypes and every tensor's shape; None when tensors were not read."""
+    if not ckpt.tensors_loaded:
+        return None
+    dtypes: dict[str, int] = {}
+    for t in ckpt.tensors.values():
+        key = str(t.dtype).removeprefix("torch.")
+        dtypes[key] = dtypes.get(key, 0) + 1
+    return {
+        "count": len(ckpt.tensors),
+        "parameters": sum(t.numel() for t in ckpt.tensors.values()),
+        "dtypes": dtypes,
+        "weight_files": ckpt.weight_files,
+        "naming": ckpt.weight_naming,
+        "tensors": {
+            n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for n, t in sorted(ckpt.tensors.items())
+        },
+    }
+
+
+def inspect_report(ckpt: Checkpoint) -> dict[str, Any]:
+    """Everything `eyas inspect --json` prints."""
+    from eyas.check import consumer_warnings, consumers
+
+    cons = consumers(ckpt)
+    return {
+        "path": str(ckpt.path),
+        "files": ckpt.files,
+        "config_used": ckpt.config_used,
+        "reason": ckpt.reason,
+        "contract": ckpt.contract.to_dict(),
+        "origin": ckpt.origin,
+        "tensors": tensor_summary(ckpt),
+        "consumers": cons,
+        "disagreements": ckpt.disagreements,
+        "warnings": ckpt.warnings + consumer_warnings(cons),
+    }
+
+
+def _yes(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]]:
+    """The contract as (label, value) rows; `o` says where each derived fact came from."""
+    v = c["verifier"]
+    layer = (
+        f"{c['layer_type']} x{c['num_hidden_layers']}: hidden {c['hidden_size']}, heads "
+        f"{c['num_attention_heads']} / kv {c['num_key_value_heads']}, "
+        f"head_dim {c['head_dim']}, intermediate {c['intermediate_size']}, {c['hidden_act']}, eps {c['rms_norm_eps']}"
+        + (", attention bias" if c["attention_bias"] else "")
+    )
+    vocab = f"target {c['vocab_size']}, draft {c['draft_vocab_size']}" + (
+        " (reduced: d2t/t2d map draft ids to target ids)" if c["draft_vocab_size"] < c["vocab_size"] else " (full)"
+    )
+    cap = "not recorded" if c["capture_layers"] is None else str(c["capture_layers"])
+    rope = "none named (engines build theta 10000)" if c["rope_theta"] is None else f"theta {c['rope_theta']:g}"
+    if c["rope_scaling"]:
+        rope += f", scaling {json.dumps(c['rope_scaling'], sort_keys=True)}"
+    ver = v["name_or_path"] or "not named"
+    if v["architectures"]:
+        ver += f" {v['architectures']}"
+    if v["num_hidden_layers"] is not None:
+        ver += f", {v['num_hidden_layers']} layers, hidden {v['hidden_size']}, vocab {v['vocab_size']}"
+    norms = " ".join(f"{k}={_yes(c[k])}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
+    embeddings = "own embed_tokens" if c["has_embeddings"] else "none (the target's are used)"
+    return [
+        ("layer", layer),
+        ("vocab", vocab),
+        ("capture_layers", f"{cap}  <- {o.get('capture_layers', '')}"),
+        ("fc", f"{c['num_aux_layers']} x target_hidden_size {c['target_hidden_size']} -> hidden {c['hidden_size']}"),
+        ("norms", norms),
+        ("rope", f"{rope}; max_position_embeddings {c['max_position_embeddings']}"),
+        ("embeddings", f"{embeddings}  <- {o.get('has_embeddings', '')}"),
+        ("vocab map", ("d2t/t2d" if c["has_vocab_map"] else "none") + f"  <- {o.get('has_vocab_map', '')}"),
+        ("verifier", ver),
+    ]
+
+
+def _tensor_lines(t: dict[str, Any] | None) -> list[str]:
+    if t is None:
+        return ["tensors:    not read"]
+    head = (
+        f"tensors:    {t['count']} in {', '.join(t['weight_files'])} ({t['naming']} naming), "
+        f"{t['parameters']:,} parameters, {', '.join(f'{k} x{n}' for k, n in t['dtypes'].items())}"
+    )
+    return [head] + [f"  {n:<44}{str(x['shape']):<16}{x['dtype']}" for n, x in t["tensors"].items()]
+
+
+def _consumer_lines(consumers: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["consumers:"]
+    for name, r in consumers.items():
+        if r["loads"]:
+            cap = "N-dependent default" if r["capture_layers"] is None else str(r["capture_layers"])
+            lines.append(
+                f"  {name:<14} loads    capture {cap}, norm_before_residual={_yes(r['norm_before_residual'])}, "
+                f"embeddings: {r['embeddings']}"
+            )
+        else:
+            lines.append(f"  {name:<14} cannot load {r['reads']}")
+        lines += [f"  {'':<14}   - {note}" for note in (r["holds_for"], *r["notes"])]
+    return lines
+
+
+def _disagreement_lines(rep: dict[str, Any]) -> list[str]:
+    """Each field the config files state differently, graded: a problem changes what the draft computes."""
+    if not rep["disagreements"]:
+        return []
+    lines = [f"disagreements (the contract is read from {rep['config_used']}):"]
+    for d in rep["disagreements"]:
+        grade = "problem" if "problem" in d else "warning"
+        lines += [f"  - {grade} [{d['field']}] {text_of(d)}", f"      fix: {d['fix']}"]
+    return lines
+
+
+def format_inspect(rep: dict[str, Any]) -> str:
+    """The human-readable inspect report."""
+    lines = [f"eyas inspect {rep['path']}"]
+    lines.append("files:      " + ", ".join(f"{n} ({fmt})" for n, fmt in rep["files"].items()))
+    lines.append(f"contract:   from {rep['config_used']}: {rep['reason']}")
+    lines += [f"  {k:<15}{val}" for k, val in _contract_rows(rep["contract"], rep["origin"])]
+    lines += _disagreement_lines(rep)
+    lines += _tensor_lines(rep["tensors"])
+    lines += _consumer_lines(rep["consumers"])
+    warnings = [w for w in rep["warnings"] if w not in rep["disagreements"]]  # those are listed above
+    lines.append("warnings:" + ("" if warnings else " none"))
+    lines += [f"  - {text_of(w)}" for w in warnings]
+    return "\n".join(lines)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from eyas.formats import read_checkpoint
+
+    ckpt = read_checkpoint(drafter_of(args), layer_convention=args.layer_convention,
+                           verifier_config=_verifier_config(args))
+    rep = inspect_report(ckpt)
+    if args.json:
+        print_json(rep)
+    else:
+        print(format_inspect(rep))
+    return 0
+
+
+# --- check --------------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from eyas.check import check_checkpoint
+
+    rep = check_checkpoint(drafter_of(args), target=target_of(args, weights=False),
+                           layer_convention=args.layer_convention)
+    if args.json:
+        print_json(
+            {
+                "path": str(rep.path),
+                "ok": rep.ok,
+                "problems": rep.problems,
+                "warnings": rep.warnings,
+                "contract": rep.checkpoint.contract.to_dict(),
+                "target": rep.target,
+            }
+        )
+    else:
+        print(f"{rep.path}: " + ("ok" if rep.ok else f"{len(rep.problems)} problem(s)"))
+        for p in rep.problems:
+            print(f"  - [{p['field']}] {p['problem']}\n      fix: {p['fix']}")
+        for w in rep.warnings:
+            print(f"  warning: {text_of(w)}")
+    return 0 if rep.ok else 1
+
+
+# --- convert ------------------------------------------------------------------------------------
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from eyas.check import consumer_warnings, consumers
+    from eyas.formats import convert_checkpoint
+
+    log(f"reading {args.src}")
+    source, written = convert_checkpoint(
+        args.src,
+        args.dst,
+        args.format,
+        force=args.force,
+        layer_convention=args.layer_convention,
+        verifier_config=_verifier_config(args),
+        verifier_name=args.verifier_name,
+    )
+    files = sorted(p.name for p in written.path.iterdir())
+    warnings = (
+        source.warnings
+        + [w for w in written.warnings if w not in source.warnings]
+        + consumer_warnings(consumers(written))
+    )
+    if args.json:
+        print_json(
+            {
+                "src": str(args.src),
+                "dst": str(written.path),
+                "format": args.format,
+                "files": files,
+                "source_files": source.files,
+                "contract": written.contract.to_dict(),
+                "tensors": len(written.tensors),
+                "warnings": warnings,
+            }
+        )
+    else:
+        print(
+            f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors "
+            "bit-identical, contract unchanged"
+        )
+        for w in warnings:
+            print(f"warning: {text_of(w)}")
+    return 0
+
+
+# --- init ---------------------------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from eyas.contract import contract_for_target
+    from eyas.drafter import Drafter
+    from eyas.formats import write_checkpoint
+    from eyas.target import load_target_embeddings, target_config, target_name
+
+    target = target_of(args, weights=True)
+    contract = contract_for_target(target_config(target), capture_layers=capture_layers_of(args.capture_layers),
+                                   name=target_name(target))
+    drafter = Drafter(contract, embed_tokens=load_target_embeddings(target)).init_weights(args.seed)
+    path = write_checkpoint(args.dst, contract, drafter.state_dict(), args.format, force=args.force)
+    if args.json:
+        print_json({"path": str(path), "format": args.format, "contract": contract.to_dict()})
+    else:
+        print(f"wrote {path} ({args.format}): a random draft for {contract.verifier.name_or_path}, "
+              f"capture layers {list(contract.capture_layers)}")
+    return 0

@@ -1,0 +1,24 @@
+"""`eyas doctor`: name the wiring fault behind a low acceptance, and its fix (exit 1 when faulty).
+
+eyas.doctor (the measuring harness) is imported inside the verb, so `eyas --help` does not load it;
+its defaults are filled in here, not in the parser, for the same reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from eyas.cli.inputs import drafter_of, target_of
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from eyas.doctor import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, diagnose, format_report
+
+    report = diagnose(drafter_of(args), target=target_of(args, weights=True), prompts=args.prompts,
+                      features=args.features, layer_convention=args.layer_convention,
+                      limit=DEFAULT_LIMIT if args.limit is None else args.limit,
+                      max_new_tokens=DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
+                      progress=args.progress)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["verdict"] == "ok" else 1

@@ -1,0 +1,115 @@
+"""The verbs that make and use captured features: capture (the target answers prompts), eval (a
+draft measured standalone) and train, with their text reports.
+
+Each verb imports the library code it runs (the target, capture, evaluation, the training loop), so
+`eyas --help` and the other verbs load only what they need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from eyas.cli.inputs import capture_layers_of, drafter_of, target_of
+from eyas.cli.output import print_json
+from eyas.errors import EyasError
+
+# --- capture ------------------------------------------------------------------------------------
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from eyas.contract import default_capture_layers
+    from eyas.data import capture, read_prompts
+    from eyas.dtypes import to_dtype
+    from eyas.target import Target
+
+    if args.skip < 0:
+        raise EyasError(f"--skip {args.skip}: must be >= 0", "pass the number of prompts to leave out")
+    target_spec = target_of(args, weights=True)
+    end = None if args.limit is None else args.skip + args.limit
+    prompts = read_prompts(args.prompts, limit=end)[args.skip :]
+    if not prompts:
+        raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")
+    dtype = to_dtype(args.dtype)
+    target = Target.load(target_spec, dtype=dtype)
+    layers = capture_layers_of(args.capture_layers) or default_capture_layers(target.num_layers)
+    manifest = capture(target, prompts, layers, args.out,
+                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
+                       do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
+                       seed=args.seed, skip_long=args.skip_long, max_length=args.max_length,
+                       progress=args.progress, device=args.device)
+    if args.json:
+        print_json(manifest)
+    else:
+        print(f"wrote {args.out}: {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
+              f"({manifest['num_loss_tokens']} answer tokens), {len(manifest['skipped_prompts'])} prompts skipped")
+    return 0
+
+
+# --- eval ---------------------------------------------------------------------------------------
+
+
+def format_eval(rep: dict[str, Any]) -> str:
+    """The eval table: per-depth acceptance, chain tau by k, tree tau, coverage."""
+    lines = [f"{rep['drafter']} on {rep['target']} (capture layers {rep['capture_layers']}): "
+             f"{rep['tokens']} positions, draft-vocab coverage {rep['coverage']:.3f}",
+             "depth  acceptance  positions   |  k  tau_chain"]
+    taus = sorted(rep["tau_chain"].items(), key=lambda kv: int(kv[0]))
+    for j, (acc, n) in enumerate(zip(rep["acceptance_by_depth"], rep["depth_counts"])):
+        k, tau = taus[j]
+        lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
+    t = rep["tau_tree"]
+    lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
+    return "\n".join(lines)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from eyas.dtypes import to_dtype
+    from eyas.evaluate import evaluate, plot_report
+
+    if args.data and args.prompts:
+        raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
+    rep = evaluate(drafter_of(args), data=args.data, prompts=args.prompts, target=target_of(args, weights=True),
+                   limit=args.limit, max_new_tokens=args.max_new_tokens, depth=args.depth,
+                   tree_top_k=args.tree_top_k, tree_depth=args.tree_depth, layer_convention=args.layer_convention,
+                   dtype=to_dtype(args.dtype), progress=args.progress)
+    if args.plot:
+        plot_report(rep, args.plot)
+    print(json.dumps(rep, indent=2) if args.json else format_eval(rep))
+    return 0
+
+
+# --- train --------------------------------------------------------------------------------------
+
+
+def format_train(summary: dict[str, Any]) -> str:
+    """What a finished run made, for people; `--json` prints the summary itself."""
+    loss = "-" if summary["loss"] is None else f"{summary['loss']:.4f}"
+    lines = [f"trained {summary['steps']} steps ({summary['epochs']} epochs, {summary['world_size']} process(es)) "
+             f"on {summary['train_samples']} samples, {summary['heldout_samples']} held out: loss {loss}, "
+             f"capture layers {summary['capture_layers']}, draft vocab {summary['draft_vocab_size']} "
+             f"(coverage {summary['coverage']:.3f})"]
+    ev = summary.get("eval")
+    if ev:
+        lines.append(f"held out: depth-1 acceptance {ev['accept_depth1']:.3f}, tau {ev['tau']:.3f}")
+    if "draft" in summary:
+        lines.append(f"draft {summary['draft']}; log {summary['log']}, curves {summary['curves']}")
+    lines.append(f"{summary['elapsed_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from eyas.train import config_from_args, train
+
+    target = target_of(args, weights=True)
+    args.target = None if target is None else str(target)
+    summary = train(config_from_args(args))
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+        return 0
+    if args.json:
+        print_json(summary)
+    else:
+        print(format_train(summary))
+    return 0

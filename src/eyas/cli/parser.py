@@ -1,0 +1,256 @@
+"""The one grammar of `eyas`: every verb's flags, built from shared helpers so a flag means the same
+thing, with the same help and choices, wherever it appears.
+
+- `--target` is a target folder or a config file; omitted, it is the embedded default (for check,
+  inspect and convert, which only compare configs: no target).
+- DRAFTER, the optional positional of every verb that reads a draft, defaults to the draft eyas
+  ships for the target.
+- `--format` names the on-disk format written; `--dtype` takes eyas's, vLLM's and transformers'
+  names; `--layer-convention` on every verb that reads a draft's config; `--json` prints one JSON
+  object on stdout; `--no-progress` turns off the progress bar on stderr.
+
+Building the parser loads no model code (no doctor, bench, generate or transformers): each `cmd_*`
+imports what it runs. It reads only the flag vocabularies: eyas.dtypes, eyas.formats, and
+TrainConfig's fields with their docs (eyas.train), which become `eyas train`'s flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from eyas.cli.checkpoint import cmd_check, cmd_convert, cmd_init, cmd_inspect
+from eyas.cli.decoding import cmd_bench, cmd_generate
+from eyas.cli.doctor import cmd_doctor
+from eyas.cli.engines import cmd_serve_check
+from eyas.cli.examples import EXAMPLES
+from eyas.cli.measure import cmd_capture, cmd_eval, cmd_train
+from eyas.dtypes import choices
+from eyas.formats import FORMATS, LAYER_CONVENTIONS
+from eyas.train import add_arguments as add_train_arguments
+
+WRITE_FORMATS = (*FORMATS, "both")
+# capture, eval, generate and bench run in bf16 or fp32; every spelling of those two is accepted
+RUN_DTYPE_CHOICES = choices((torch.bfloat16, torch.float32))
+DEFAULT_TARGET = "the embedded SmolLM2-135M-Instruct"
+
+# --- shared flags -------------------------------------------------------------------------------
+
+
+def add_drafter(p: argparse.ArgumentParser, what: str = "the draft folder, any format") -> None:
+    p.add_argument("drafter", nargs="?", metavar="DRAFTER",
+                   help=f"{what} (default: the draft eyas ships for the target)")
+
+
+def add_target(p: argparse.ArgumentParser, *, use: str | None = None) -> None:
+    """`--target`; `use` says what a verb that only reads the target's config does with it (such a
+    verb reads the draft alone without one), None for the verbs that run the target."""
+    if use is None:
+        help_ = (f"the target: its model folder, or the config.json inside it (default: {DEFAULT_TARGET}); "
+                 "never downloaded")
+    else:
+        help_ = f"the target's folder or a config .json: {use} (default: none; 'default' = {DEFAULT_TARGET})"
+    p.add_argument("--target", metavar="DIR_OR_CONFIG", help=help_)
+
+
+def add_layer_convention(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--layer-convention",
+        choices=LAYER_CONVENTIONS,
+        help="how to read nested eagle_config layer ids: input = capture indices, output = output of layer i (+1); "
+        "default: as current SGLang (+1 only when the first id is 1)",
+    )
+
+
+def add_json(p: argparse.ArgumentParser, what: str = "the report") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as one JSON object on stdout")
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+
+
+def add_reading(p: argparse.ArgumentParser, *, progress: bool, what: str = "the report") -> None:
+    """The tail of every verb that reads a draft: how to read its layer ids, and how to report."""
+    add_layer_convention(p)
+    add_json(p, what)
+    if progress:
+        add_progress(p)
+
+
+def add_dtype(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--dtype", choices=RUN_DTYPE_CHOICES, default="bf16", help=f"{what} (default: bf16)")
+
+
+def add_format(p: argparse.ArgumentParser, **kw) -> None:
+    p.add_argument("--format", choices=WRITE_FORMATS, **kw,
+                   help="format to write; both = config.json (speculators) + config_eagle.json (eagle)"
+                   + (f" (default: {kw['default']})" if "default" in kw else ""))
+
+
+def add_capture_layers(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--capture-layers", metavar="K,K,K",
+                   help="capture indices, k = the input of target layer k (default: 2, N//2, N-3)")
+
+
+def add_max_new_tokens(p: argparse.ArgumentParser, default: int | None, what: str) -> None:
+    shown = "" if default is None else f" (default: {default})"
+    p.add_argument("--max-new-tokens", type=int, default=default, metavar="N", help=f"{what}{shown}")
+
+
+def add_decoding(p: argparse.ArgumentParser) -> None:
+    """The decoding shape and budget shared by generate and bench."""
+    p.add_argument("--draft-tokens", type=int, metavar="K", help="a chain of K draft tokens per step")
+    p.add_argument("--tree", metavar="D,K,N", help="a dynamic tree: depth, top-k per level, draft-node budget")
+    add_max_new_tokens(p, 256, "answer tokens per prompt")
+    add_dtype(p, "weights and compute of target and draft")
+
+
+# --- the verbs ----------------------------------------------------------------------------------
+
+
+def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("inspect", cmd_inspect, "config files and formats, the contract, tensors, what each engine will do, "
+                "warnings")
+    add_drafter(p, "a draft folder, or a single draft config .json (tensor checks skipped)")
+    add_target(p, use="its depth resolves the default capture layers, its facts fill the verifier")
+    add_reading(p, progress=False)
+
+    p = command("check", cmd_check, "every problem with a draft, offline; exit 0 clean, 1 problems, 2 unreadable")
+    add_drafter(p, "a draft folder, or a single draft config .json")
+    add_target(p, use="the draft's vocab, width, depth and context are checked against it")
+    add_reading(p, progress=False)
+
+    p = command("convert", cmd_convert, "rewrite a draft as speculators, eagle or both formats (lossless)")
+    p.add_argument("src", help="the draft folder to read")
+    p.add_argument("dst", help="the folder to write (must be empty or new, unless --force)")
+    add_format(p, required=True)
+    add_target(p, use="its name, architectures and depth are recorded as the verifier")
+    p.add_argument("--verifier-name", metavar="ID",
+                   help="the target's hub id to record as the verifier (vLLM serves it)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    add_reading(p, progress=False)
+
+    p = command("init", cmd_init, "write a fresh (random) draft whose contract fits a target")
+    p.add_argument("dst", help="the folder to write")
+    add_target(p)
+    add_capture_layers(p)
+    add_format(p, default="both")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    add_json(p)
+
+
+def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("capture", cmd_capture, "answer prompts with the target and store its features as shards")
+    p.add_argument("--prompts", default="sharegpt",
+                   help="a prompt file (.json/.jsonl ShareGPT or {prompt}, or text lines), or sharegpt / mtbench "
+                   "(default: sharegpt)")
+    p.add_argument("--out", required=True, help="the shard folder (resumable: finished shards are kept)")
+    add_target(p)
+    add_capture_layers(p)
+    p.add_argument("--limit", type=int, metavar="N", help="use N prompts (after --skip)")
+    p.add_argument("--skip", type=int, default=0, metavar="N",
+                   help="leave out the first N prompts (split one source across captures run in parallel)")
+    add_max_new_tokens(p, 256, "answer tokens per prompt")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="prompts answered together (default: 8)")
+    add_dtype(p, "weights and stored features")
+    p.add_argument("--device", metavar="DEV", help="torch device the target runs on, e.g. cuda (default: cpu)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling when --temperature > 0 (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--max-length", type=int, metavar="N",
+                   help="prompt + answer token limit (default: the target's context)")
+    p.add_argument("--skip-long", action="store_true", help="skip prompts that do not fit instead of failing")
+    add_json(p, "the manifest")
+    add_progress(p)
+
+    p = command("eval", cmd_eval, "measure a draft standalone: per-depth acceptance, chain and tree tau, coverage")
+    add_drafter(p)
+    p.add_argument("--data", metavar="SHARDS", help="a capture folder (eyas capture)")
+    p.add_argument("--prompts", help="a prompt file, or mtbench (default when --data is not given)")
+    add_target(p)
+    p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts or samples")
+    add_max_new_tokens(p, 256, "answer tokens per prompt")
+    p.add_argument("--depth", type=int, default=8, help="draft depths to measure, tau for k = 1..depth (default: 8)")
+    p.add_argument("--tree-top-k", type=int, default=4, metavar="K", help="tree branching per level (default: 4)")
+    p.add_argument("--tree-depth", type=int, default=5, metavar="D", help="tree depth (default: 5)")
+    add_dtype(p, "weights and compute of target and draft")
+    p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")
+    add_reading(p, progress=True)
+
+    p = command("train", cmd_train, "train an EAGLE-3 draft on captured features (training-time test)")
+    add_train_arguments(p)  # TrainConfig's fields, with their docs as help
+    add_json(p, "the summary")
+
+
+def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("generate", cmd_generate, "answer a prompt with speculative decoding, streaming the text")
+    add_drafter(p)
+    p.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
+    add_target(p)
+    add_decoding(p)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling when --temperature > 0 (default: 1)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling when --temperature > 0; 0 = off (default)")
+    p.add_argument("--seed", type=int, help="sampling seed (default: unseeded)")
+    add_reading(p, progress=False, what="the answer and its statistics (no streaming)")
+
+    p = command("bench", cmd_bench, "time HF greedy, HF prompt lookup, eyas target, chain and tree on the same prompts")
+    add_drafter(p)
+    p.add_argument("--prompts", default="mtbench",
+                   help="mtbench, humaneval, copy, a .jsonl of {prompt, category}, or a comma-separated list "
+                   "(default: mtbench)")
+    p.add_argument("--limit", type=int, metavar="N", help="N prompts, spread over the categories")
+    add_target(p)
+    add_decoding(p)
+    p.add_argument("--sweep", action="store_true", help="try chain lengths and tree shapes; remember the fastest")
+    p.add_argument("--plot", metavar="PNG", help="speedup per method and prompt category")
+    add_reading(p, progress=True)
+
+    p = command("doctor", cmd_doctor, "name the wiring fault behind a low acceptance, and the fix; exit 1 if faulty")
+    add_drafter(p)
+    add_target(p)
+    p.add_argument("--prompts", help="prompts to answer and measure on (default: MT-bench)")
+    p.add_argument("--features", metavar="DUMP",
+                   help="an engine dump (safetensors: input_ids [T], features [T, W])")
+    p.add_argument("--limit", type=int, metavar="N", help="prompts measured (default: eyas.doctor.DEFAULT_LIMIT)")
+    add_max_new_tokens(p, None, "answer tokens per prompt (default: eyas.doctor.DEFAULT_MAX_NEW_TOKENS)")
+    add_reading(p, progress=True)
+
+    p = command("serve-check", cmd_serve_check, "serve the draft in a real engine (vLLM, CPU) and compare its "
+                "acceptance and wiring with eyas's prediction; exit 1 if they disagree")
+    add_drafter(p)
+    p.add_argument("--engine", choices=("vllm",), default="vllm",
+                   help="the engine (installed by scripts/install-engines.sh; default: vllm)")
+    add_target(p)
+    p.add_argument("--prompts", default="mtbench", help="a prompt file, or mtbench (default: mtbench)")
+    p.add_argument("--limit", type=int, default=10, metavar="N", help="prompts served (default: 10)")
+    p.add_argument("--draft-tokens", type=int, default=5, metavar="K", help="draft tokens per step (default: 5)")
+    add_max_new_tokens(p, 64, "answer tokens per prompt")
+    p.add_argument("--dump", metavar="PATH",
+                   help="write what the engine fed the draft (eyas dump format, for `eyas doctor --features`)")
+    add_json(p)
+    add_progress(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eyas", description="Read, check, convert, run, train and debug EAGLE-3 draft models, offline.",
+        epilog="`python -m eyas VERB ...` is the same; `torchrun --nproc_per_node=N -m eyas train ...` "
+        "trains with DDP.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
+
+    def command(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_, epilog=EXAMPLES[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=fn)
+        return p
+
+    _checkpoint_verbs(command)
+    _feature_verbs(command)
+    _decoding_verbs(command)
+    return parser

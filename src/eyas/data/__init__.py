@@ -1,0 +1,47 @@
+"""Training data for a draft: prompts in, target features out, as safetensors shards.
+
+The pipeline (`eyas capture`, then `eyas train` / `eyas eval --data`):
+
+    read_prompts(file or "sharegpt" / "mtbench")   only the first human turn of each conversation
+      -> capture(target, prompts, capture_layers, out_dir)
+           the target regenerates every response, then ONE forward over prompt+response
+           captures the features; shards of samples + manifest.json
+      -> open_shards(out_dir)                      checks the manifest, skips broken shards
+      -> eyas.shift.shift_for_draft(sample)        the ONE label shift (g_t pairs with x_{t+1})
+
+Submodules:
+    prompts    prompt readers: prompt files, the packaged sets, the streaming (truncation-tolerant)
+               JSON array reader
+    capturing  `capture`: regenerate the answers, one forward, store the features
+    shards     the on-disk format: manifest, shards written atomically, `open_shards` /
+               `CapturedData` reading them back checked
+"""
+
+from eyas.data.capturing import capture, encode_prompts, eos_ids, pad_id
+from eyas.data.prompts import (
+    DEFAULT_EVAL_PROMPTS,
+    DEFAULT_TRAIN_PROMPTS,
+    Prompt,
+    json_records,
+    packaged_file,
+    read_prompts,
+)
+from eyas.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, CapturedData, open_shards
+
+__all__ = [
+    "DEFAULT_EVAL_PROMPTS",
+    "DEFAULT_TRAIN_PROMPTS",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "CapturedData",
+    "Prompt",
+    "capture",
+    "encode_prompts",
+    "eos_ids",
+    "json_records",
+    "open_shards",
+    "packaged_file",
+    "pad_id",
+    "read_prompts",
+]

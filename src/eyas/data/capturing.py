@@ -1,0 +1,266 @@
+"""Capture: the target answers every prompt, then one forward captures its features as shards.
+
+The target regenerates every response (self-distillation: the draft learns what THIS target says,
+not what ShareGPT's ChatGPT said), then ONE forward over prompt + response captures the states
+entering the capture layers and the final-normed state lm_head reads. Samples are stored UNSHIFTED
+(features[t] has read x_0..x_t); `eyas.shift.shift_for_draft` aligns them for the draft in one
+place. The shard and manifest format is `eyas.data.shards`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm import tqdm
+
+from eyas.data.prompts import DEFAULT_EVAL_PROMPTS, Prompt
+from eyas.data.shards import (
+    FORMAT,
+    FORMAT_VERSION,
+    record_shards,
+    shard_entry,
+    shard_name,
+    shard_problem,
+    start_manifest,
+    text_sha256,
+    write_shard,
+)
+from eyas.dtypes import to_dtype
+from eyas.errors import ContractError, EyasError, FormatError
+
+if TYPE_CHECKING:
+    from eyas.target import Target
+
+
+def capture(
+    target: Target,
+    prompts: Sequence[Prompt | str],
+    capture_layers: Sequence[int],
+    out_dir: str | Path,
+    *,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    shard_size: int = 64,
+    dtype: torch.dtype | str = torch.bfloat16,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    max_length: int | None = None,
+    skip_long: bool = False,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+) -> dict[str, Any]:
+    """Regenerate responses with `target` and store its features; returns the manifest.
+
+    Each prompt goes through the target's chat template; the target answers it (greedy unless
+    `do_sample`; batches are left-padded so every answer starts in the same column), and one
+    forward over prompt + answer captures `features` at `capture_layers` and `last_hidden`. The
+    loss mask covers the answer: every generated token up to and including the first end-of-turn
+    token (an answer cut by `max_new_tokens` has none).
+
+    The target runs on `device` (moved there; None: where it is). Answers are generated a batch at a
+    time inside a shard, so a shard holds at least `batch_size` prompts: large batches on a GPU stay
+    large.
+
+    Resumable: shard k always holds prompts [k*shard_size, (k+1)*shard_size); finished shards are
+    kept, and a rerun with the same arguments continues after them. A folder holding a different
+    capture is refused. A prompt that does not fit (`prompt + max_new_tokens > max_length`,
+    default the target's context) is an error naming it, or skipped and listed with `skip_long`.
+    """
+    out_dir = Path(out_dir)
+    if min(max_new_tokens, batch_size, shard_size) < 1:
+        raise EyasError(
+            f"max_new_tokens={max_new_tokens}, batch_size={batch_size}, shard_size={shard_size}: each must be >= 1",
+            "pass positive sizes",
+        )
+    prompts = [p if isinstance(p, Prompt) else Prompt(p, f"prompt {i}", "<list>") for i, p in enumerate(prompts)]
+    layers = [int(k) for k in capture_layers]
+    bad = [k for k in layers if not 0 <= k <= target.num_layers]
+    if not layers or bad:
+        raise ContractError(
+            f"capture layers {layers}: {bad or 'none given'} outside the target's 0..{target.num_layers}",
+            f"{target.name} has {target.num_layers} decoder layers; index k is the input of layer k",
+        )
+    dtype = _feature_dtype(dtype)
+    shard_size = max(shard_size, batch_size)
+    if device is not None:
+        target.model.to(device)
+    limit = max_length or getattr(target.model.config, "max_position_embeddings", None)
+    prompt_ids, skipped = encode_prompts(target, prompts, max_new_tokens, limit, skip_long)
+    plan = _plan(target, prompts, layers, dtype, shard_size, max_new_tokens, limit, skip_long,
+                 dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
+    manifest = start_manifest(out_dir, plan, skipped)  # refuses a folder holding another capture
+
+    shards = {e["index"]: e for e in manifest["shards"]}
+    todo = [k for k in range(-(-len(prompts) // shard_size)) if k not in shards]
+    for k in list(todo):  # a shard finished but not yet recorded (interrupted between two writes)
+        path = out_dir / shard_name(k)
+        if path.exists() and shard_problem(path, manifest) is None:
+            shards[k] = shard_entry(path)
+            todo.remove(k)
+    done = sum(e["prompts"][1] - e["prompts"][0] for e in shards.values())
+    bar = tqdm(total=len(prompts), initial=done, unit="prompt", desc="capture", file=sys.stderr, disable=not progress)
+    sampling = plan["generation"]
+    for k in todo:
+        start, stop = k * shard_size, min((k + 1) * shard_size, len(prompts))
+        keep = [i for i in range(start, stop) if prompt_ids[i] is not None]
+        samples = _capture_samples(target, [prompt_ids[i] for i in keep], layers, dtype, batch_size,
+                                   sampling, seed_offset=k, on_batch=bar.update)
+        bar.update(stop - start - len(keep))
+        entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
+        shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
+        record_shards(out_dir, manifest, shards, complete=False)
+    bar.close()
+    return record_shards(out_dir, manifest, shards, complete=True)
+
+
+def _feature_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """The dtype features are stored in (any spelling `eyas.dtypes` accepts)."""
+    try:
+        return to_dtype(dtype)
+    except EyasError:
+        raise EyasError(f"feature dtype {dtype!r} is not supported", "use bfloat16, float16 or float32") from None
+
+
+def encode_prompts(
+    target: Target, prompts: Sequence[Prompt], max_new_tokens: int, limit: int | None, skip_long: bool
+) -> tuple[list[list[int] | None], list[dict[str, Any]]]:
+    """Chat-templated token ids per prompt (None where skipped), and the skipped prompts."""
+    tok = target.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise FormatError(
+            f"target {target.name} has {'a tokenizer without a chat template' if tok else 'no tokenizer'}",
+            "capture needs a chat (instruct) model: responses are generated as the assistant turn",
+        )
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
+    # The template already wrote any BOS it wants; add_special_tokens would add a second one.
+    ids = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+    skipped = []
+    for i, (p, row) in enumerate(zip(prompts, ids)):
+        if limit is None or len(row) + max_new_tokens <= limit:
+            continue
+        if not skip_long:
+            raise EyasError(
+                f"{p.origin}: the prompt is {len(row)} tokens with the chat template; with "
+                f"max_new_tokens={max_new_tokens} it needs {len(row) + max_new_tokens} > {limit}, "
+                f"the context of {target.name}",
+                "shorten or remove it, lower max_new_tokens, or skip such prompts (skip_long)",
+            )
+        skipped.append({"index": i, "origin": p.origin, "tokens": len(row)})
+        ids[i] = None
+    return ids, skipped
+
+
+def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch.dtype, shard_size: int,
+          max_new_tokens: int, max_length: int | None, skip_long: bool, sampling: dict[str, Any]) -> dict[str, Any]:
+    """Everything that determines the shards' content; a resumed run must match it exactly."""
+    sources = sorted({p.source for p in prompts})
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "target": {
+            "name": target.name,
+            "num_layers": target.num_layers,
+            "hidden_size": target.hidden_size,
+            "vocab_size": target.vocab_size,
+        },
+        "capture_layers": layers,
+        "dtype": str(dtype).removeprefix("torch."),
+        "shard_size": shard_size,
+        "prompts": {
+            "count": len(prompts),
+            "sha256": text_sha256("\0".join(p.text for p in prompts)),
+            "sources": sources,
+            "eval_only": DEFAULT_EVAL_PROMPTS in sources,
+        },
+        "generation": {"max_new_tokens": max_new_tokens, "max_length": max_length, "skip_long": skip_long,
+                       "chat_template_sha256": text_sha256(json.dumps(target.tokenizer.chat_template, sort_keys=True)),
+                       **sampling},
+    }
+
+
+def _capture_samples(target: Target, prompt_ids: list[list[int]], layers: list[int], dtype: torch.dtype,
+                     batch_size: int, sampling: dict[str, Any], *, seed_offset: int,
+                     on_batch: Callable[[int], Any]) -> list[dict[str, torch.Tensor]]:
+    """Generate answers and capture features for a list of prompts, in their order."""
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # less padding per batch
+    out: list[dict[str, torch.Tensor] | None] = [None] * len(prompt_ids)
+    device = target.model.device
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(sampling["seed"] + seed_offset)  # a resumed shard samples as it would have
+        for b in range(0, len(order), batch_size):
+            batch = order[b : b + batch_size]
+            answers = _generate(target, [prompt_ids[i] for i in batch], sampling)
+            seqs = [prompt_ids[i] + a for i, a in zip(batch, answers)]
+            captured = _forward(target, seqs, layers)
+            for i, a, seq, (feats, last) in zip(batch, answers, seqs, captured):
+                mask = torch.zeros(len(seq), dtype=torch.bool)
+                mask[len(seq) - len(a) :] = True  # the answer, end-of-turn token included
+                out[i] = {"input_ids": torch.tensor(seq), "loss_mask": mask,
+                          "features": feats.to("cpu", dtype), "last_hidden": last.to("cpu", dtype)}
+            on_batch(len(batch))
+    return out
+
+
+def eos_ids(target: Target) -> list[int]:
+    """The target's end-of-turn token ids (generation config first, then the tokenizer)."""
+    eos = target.model.generation_config.eos_token_id
+    if eos is None:
+        eos = target.tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def pad_id(target: Target) -> int:
+    """The padding id: the tokenizer's, else the first end-of-turn id (padding is never attended)."""
+    pad = target.tokenizer.pad_token_id
+    return pad if pad is not None else (eos_ids(target) or [0])[0]
+
+
+@torch.inference_mode()
+def _generate(target: Target, prompt_ids: list[list[int]], sampling: dict) -> list[list[int]]:
+    """The target's answer to each prompt, cut after its first end-of-turn token."""
+    pad, eos = pad_id(target), eos_ids(target)
+    P = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), P), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for b, p in enumerate(prompt_ids):  # left padding: every prompt ends at column P-1
+        ids[b, P - len(p) :] = torch.tensor(p)
+        attn[b, P - len(p) :] = 1
+    kwargs = dict(do_sample=False)
+    if sampling["do_sample"]:
+        kwargs = {k: sampling[k] for k in ("do_sample", "temperature", "top_p", "top_k")}
+    device = target.model.device
+    out = target.model.generate(
+        input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=sampling["max_new_tokens"],
+        pad_token_id=pad, eos_token_id=eos or None, **kwargs,
+    )
+    answers = []
+    for row in out[:, P:].tolist():  # [B, P + new] -> the new tokens
+        cut = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+        answers.append(row[:cut])  # finished rows continue with padding after the end token
+    return answers
+
+
+@torch.inference_mode()
+def _forward(target: Target, seqs: list[list[int]], layers: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features [T, A*H], last_hidden [T, H]) per sequence, from one forward over the batch.
+
+    Right padding needs no attention mask: attention is causal, so the padding after a sequence
+    cannot change its states.
+    """
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id(target), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.tensor(s)
+    out = target.forward(ids.to(target.model.device), layers, with_logits=False)
+    return [(out.features[b, : len(s)], out.last_hidden[b, : len(s)]) for b, s in enumerate(seqs)]

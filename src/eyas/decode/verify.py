@@ -1,0 +1,90 @@
+"""The target's side of decoding: the prefill, one forward over every draft node per round, then a
+cache that keeps only the accepted path.
+
+Two forwards do this. The lean one (eyas.decode.lean_forward, a StaticKV cache) runs every target it
+supports; any other target runs through transformers with its DynamicCache, which eyas edits in
+place and therefore accepts only in the form it knows how to edit (`check_cache`). The functions
+below take either (`decoder` picks it) and dispatch on it, so the decode loop is the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from eyas.decode.lean_forward import LeanTarget, lean_target
+from eyas.decode.static_cache import StaticKV
+from eyas.decode.tree import DraftTree, tree_ancestors, tree_attention_mask
+from eyas.errors import EyasError
+from eyas.target import Target, TargetOutput
+
+
+def decoder(target: Target) -> Target | LeanTarget:
+    """What runs the target's forwards while decoding: the lean forward where it supports the target."""
+    return lean_target(target) or target
+
+
+def prefill(model: Target | LeanTarget, prompt: Tensor, capture: Sequence[int], max_len: int) -> TargetOutput:
+    """The target reads the prompt [1, T]: its features, the LAST position's logits and the KV cache
+    (`past_key_values`). The lean forward allocates its cache for `max_len` positions (prompt, new
+    tokens and one round's draft); transformers' cache grows as needed."""
+    if isinstance(model, LeanTarget):
+        positions = torch.arange(prompt.shape[1], device=prompt.device)[None]
+        return model.forward(prompt, positions, model.new_cache(max_len), capture, logit_rows=slice(-1, None))
+    out = model.forward(prompt, capture)
+    check_cache(out.past_key_values)
+    out.logits = out.logits[:, -1:]
+    return out
+
+
+def verify(model: Target | LeanTarget, tree: DraftTree, cache, n: int, capture: Sequence[int]) -> TargetOutput:
+    """Score every node in ONE target forward: node i at position n + depth(i), seeing the cache and
+    its ancestors. A chain needs no mask (causal is the ancestor relation). Logits [1, N+1, V]:
+    row i is the target's next-token distribution after node i's path."""
+    ids = tree.tokens[None]  # [1, N+1]
+    positions = (n + torch.tensor(tree.depths, device=ids.device))[None]  # [1, N+1]
+    if isinstance(model, LeanTarget):
+        mask = None
+        if not tree.is_chain:
+            ancestors = tree_ancestors(tree).to(ids.device)
+            mask = torch.cat([ancestors.new_ones(len(tree.parents), n), ancestors], dim=1)
+        return model.forward(ids, positions, cache, capture, mask=mask)
+    mask = None if tree.is_chain else tree_attention_mask(tree, n, model.model.dtype, ids.device)
+    return model.forward(ids, capture, past_key_values=cache, attention_mask=mask, position_ids=positions)
+
+
+def keep_accepted_kv(cache, n: int, nodes: list[int]) -> None:
+    """Keep the target k/v of positions < n and of `nodes` (root first, then the accepted path).
+
+    The verify forward appended one entry per tree node at n + node index. A path that is a prefix
+    of the node order (always, for a chain) is a crop; otherwise the path's entries are gathered.
+    Both are exact: a node's k/v depend only on its own ancestors, which is the accepted path.
+    """
+    if isinstance(cache, StaticKV):
+        cache.keep(n, nodes)
+        return
+    m = len(nodes)
+    index = None if nodes == list(range(m)) else torch.tensor(nodes) + n
+    for layer in cache.layers:
+        if index is None:
+            layer.keys, layer.values = layer.keys[..., : n + m, :], layer.values[..., : n + m, :]
+        else:
+            idx = index.to(layer.keys.device)
+            layer.keys = torch.cat([layer.keys[..., :n, :], layer.keys[..., idx, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :n, :], layer.values[..., idx, :]], dim=-2)
+
+
+def check_cache(cache) -> None:
+    """keep_accepted_kv edits DynamicLayer keys/values; sliding-window or quantized layers differ."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        kinds = sorted({type(layer).__name__ for layer in layers or []})
+        raise EyasError(
+            f"the target's KV cache has layers {kinds or [type(cache).__name__]}; speculative decoding "
+            "needs full-attention DynamicLayer caches to drop rejected draft tokens",
+            "use a target without sliding-window attention",
+        )

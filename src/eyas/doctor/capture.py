@@ -1,0 +1,81 @@
+"""The target's states, recorded once per diagnosis and sliced for every wiring the doctor measures.
+
+`collect` answers prompts greedily and records the residual stream at every index 0..N plus the
+final-normed state, so every alternative wiring is a slice, permutation, norm or shift of the same
+tensors, scored on the same positions.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from eyas.data import capture, open_shards, read_prompts
+from eyas.shift import shift_left
+from eyas.target import Target
+
+DEFAULT_PROMPTS = "mtbench"
+# 8 MT-bench prompts x 64 tokens: about 500 measured positions, enough for a fault worth +5 points of
+# depth-1 acceptance to reach significance; each round that finds a fault re-measures the remaining wirings.
+DEFAULT_LIMIT = 8  # prompts
+DEFAULT_MAX_NEW_TOKENS = 64
+
+
+@dataclass
+class Capture:
+    """The target's states for some token sequences, recorded once and sliced for every hypothesis.
+
+    Each sample: `input_ids` [T], `loss_mask` [T] (the positions measured), `states` [T, N+1, H]
+    (index k = the residual stream entering decoder layer k, index N = the last layer's output
+    before the final norm) and `last_hidden` [T, H] (final-normed, what lm_head reads).
+    """
+
+    target: Target
+    samples: list[dict[str, Tensor]]
+    source: str  # what the sequences are, for the report
+    seconds: float
+
+    @property
+    def positions(self) -> int:
+        """Chain starts measured, counted as `eyas.evaluate.sample_predictions` does: the draft reads
+        x_{t+1} and its first label is x_{t+2}, both answer tokens."""
+        return sum(int((m[1:] & shift_left(m[1:], 1)).sum()) for m in (s["loss_mask"].bool() for s in self.samples))
+
+
+def collect(target: Target | str | Path | None = None, prompts: str | Path | None = None, *,
+            limit: int = DEFAULT_LIMIT, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+            progress: bool = True) -> Capture:
+    """Greedy answers to `limit` prompts (default: MT-bench) and every state of the target on them.
+
+    One `eyas.data.capture` at ALL indices 0..N (fp32, in a temporary folder): generation and the
+    forward pass are what eyas capture does, so the features are exactly those a draft trained with
+    eyas saw.
+    """
+    t0 = time.perf_counter()
+    tgt = target if isinstance(target, Target) else Target.load(target, dtype=torch.float32)
+    found = read_prompts(prompts or DEFAULT_PROMPTS, limit=limit)
+    N, H = tgt.num_layers, tgt.hidden_size
+    with tempfile.TemporaryDirectory(prefix="eyas-doctor-") as tmp:
+        capture(tgt, found, range(N + 1), tmp, max_new_tokens=max_new_tokens, dtype=torch.float32,
+                progress=progress)
+        samples = [{"input_ids": s["input_ids"], "loss_mask": s["loss_mask"], "last_hidden": s["last_hidden"],
+                    "states": s["features"].view(-1, N + 1, H)}  # [T, (N+1)*H] -> [T, N+1, H]
+                   for s in open_shards(tmp)]
+    source = f"{len(samples)} prompts ({prompts or DEFAULT_PROMPTS}) x {max_new_tokens} greedy tokens"
+    return Capture(tgt, samples, source, time.perf_counter() - t0)
+
+
+def capture_tokens(tgt: Target, input_ids: Tensor, source: str) -> Capture:
+    """Every state of the target on one given token sequence (an engine dump's); all positions measured."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = tgt.forward(input_ids[None], range(tgt.num_layers + 1), with_logits=False)
+    T = input_ids.shape[0]
+    sample = {"input_ids": input_ids, "loss_mask": torch.ones(T, dtype=torch.bool), "last_hidden": out.last_hidden[0],
+              "states": out.features[0].view(T, tgt.num_layers + 1, tgt.hidden_size)}
+    return Capture(tgt, [sample], source, time.perf_counter() - t0)

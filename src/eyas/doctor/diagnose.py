@@ -1,0 +1,175 @@
+"""`diagnose`: the doctor's entry point, from a draft folder to a JSON-ready report.
+
+Static findings always (`eyas check`, consumer hazards); then, when the draft can run on the
+target, the measured ones: config files, the search over hypotheses, serving engines and, given
+one, an engine dump. Findings are ranked by the gain they promise; static ones come last.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from eyas.check import CheckReport, check_checkpoint, consumers
+from eyas.codes import slug_of, text_of
+from eyas.contract import DEFAULT_ROPE_THETA
+from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, capture_tokens, collect
+from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
+from eyas.doctor.dumps import check_dump, dump_section, read_dump
+from eyas.doctor.measure import Measurer
+from eyas.doctor.search import search
+from eyas.doctor.serving import serving, serving_wirings
+from eyas.doctor.static import fc_skipped, hazards, join_problems, other_problems
+from eyas.doctor.stats import ALPHA, DEPTH, MIN_GAIN_ACCEPTED, MIN_GAIN_DEPTH1
+from eyas.doctor.wiring import Wiring, contract_wiring
+from eyas.formats import Checkpoint
+from eyas.target import Target, resolve_target, target_config
+
+_TEST = (f"paired per position against the current wiring: exact McNemar on depth-1 outcomes and a sign test on "
+         f"accepted chain length (k={DEPTH}); significant when p x tests < {ALPHA} (Bonferroni) and the gain is >= "
+         f"{MIN_GAIN_DEPTH1} depth-1 acceptance or >= {MIN_GAIN_ACCEPTED} accepted tokens per chain; the best is "
+         "adopted, the rest re-tested. Features one position EARLY (t+1) are not tried: they hand the draft the "
+         "target's state after the token it must predict")
+
+
+def _cannot_measure(rep: CheckReport, ckpt: Checkpoint, tcfg: dict) -> str | None:
+    """Why the draft cannot be run on this target at all (then only static findings are reported)."""
+    if not ckpt.tensors_loaded:
+        return "the weights were not read (pass the checkpoint folder, with its weights)"
+    fit = [p["problem"] for p in rep.problems
+           if p["code"] in ("target_vocab_size", "target_draft_vocab_size", "target_hidden_size")]
+    if fit:
+        return "the draft does not fit this target: " + "; ".join(fit)
+    c = ckpt.contract
+    if c.hidden_size != tcfg.get("hidden_size") and not c.has_embeddings:
+        return "the draft has no embed_tokens and its width differs from the target's"
+    return None
+
+
+def _measure(m: Measurer, rep: CheckReport, cons: dict[str, dict[str, Any]], path: Path, layer_convention: str | None,
+             tcfg: dict, progress: bool) -> tuple[list[dict[str, Any]], Wiring, dict[str, Any]]:
+    """Config files, then the rounds of hypotheses, then the consumers: (findings, final wiring, section)."""
+    ckpt, N = rep.checkpoint, m.N
+    files = file_wirings(ckpt, path, layer_convention, tcfg, N)
+    reads = engines_file(ckpt)
+    disagree = [text_of(p) for p in rep.problems if slug_of(p["code"]) == "config_file"]
+    file_findings, file_table, start = config_files(m, files, reads, ckpt.config_used, disagree)
+    said = contract_wiring(ckpt.contract, ckpt.tensors, N)
+    found, table, final = search(m, start, conventions(path, ckpt, tcfg, said), progress)
+    covered = ({start} if found else set()) | (set(files.values()) if file_findings else set())
+    wirings = serving_wirings(cons, files[reads], ckpt.contract.has_embeddings)
+    serve_findings, serve_table = serving(m, wirings, final, covered, ckpt)
+    section = {
+        "data": m.cap.source, "positions": m.cap.positions, "depth": DEPTH,
+        "contract": {"wiring": start.describe(), **m.measure(start).summary()},
+        "trained_for": {"wiring": final.describe(), **m.measure(final).summary()},
+        "hypotheses": table, "config_files": file_table, "serving": serve_table, "test": _TEST,
+    }
+    return file_findings + found + serve_findings, final, section
+
+
+def _states(capture: Capture | None, tgt_dir: Path, prompts: str | Path | None, features: str | Path | None,
+            limit: int, max_new_tokens: int, progress: bool) -> tuple[Capture, tuple[Tensor, Tensor] | None]:
+    """The target's states to measure on: the dump's tokens when there is a dump, else `capture`, else
+    greedy answers to the prompts. Returns them and the dump (or None)."""
+    tgt = capture.target if capture is not None else Target.load(tgt_dir, dtype=torch.float32)
+    if features is None:
+        return capture or collect(tgt, prompts, limit=limit, max_new_tokens=max_new_tokens, progress=progress), None
+    dump = read_dump(features)
+    check_dump(dump, tgt, features)
+    return capture_tokens(tgt, dump[0], f"the {dump[0].shape[0]} tokens of engine dump {features}"), dump
+
+
+def _measure_notes(cap: Capture, section: dict[str, Any]) -> list[str]:
+    """What limits the measurement: too few positions, or a draft that accepts nothing under any wiring."""
+    notes = []
+    if cap.positions < 200:
+        notes.append(f"only {cap.positions} positions measured: small faults may not reach significance")
+    best = max([r["acceptance_depth1"] or 0 for r in section["hypotheses"]]
+               + [section["trained_for"]["acceptance_depth1"] or 0])
+    if best < 0.05:
+        notes.append("depth-1 acceptance is below 0.05 under every wiring tried: untrained weights, a draft "
+                     "for another target, or a fault the doctor does not test")
+    return notes
+
+
+def _skeleton(path: Path, tgt_dir: Path, rep: CheckReport, cons: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report before anything is measured."""
+    ckpt = rep.checkpoint
+    notes = [f"{name}: cannot load {r['reads']}: {r['notes'][-1]}" for name, r in cons.items() if not r["loads"]]
+    return {
+        "verdict": "ok", "findings": [], "drafter": str(path), "target": str(tgt_dir),
+        "contract": ckpt.contract.to_dict(), "trained_for": None,
+        "static": {"problems": other_problems(rep), "warnings": rep.warnings},
+        "hazards": [], "consumers": {n: {"reads": r["reads"], "loads": r["loads"], "notes": r["notes"]}
+                                     for n, r in cons.items()},
+        "measured": None, "dump": None, "notes": notes, "seconds": {},
+    }
+
+
+def _rank(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Largest measured gain first, static findings last."""
+    return sorted(findings, key=lambda f: math.inf if f["acceptance_before"] is None or f["acceptance_after"] is None
+                  else f["acceptance_before"] - f["acceptance_after"])
+
+
+def diagnose(
+    drafter: str | Path,
+    *,
+    target: str | Path | None = None,
+    prompts: str | Path | None = None,
+    features: str | Path | None = None,
+    layer_convention: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    progress: bool = True,
+    capture: Capture | None = None,
+) -> dict[str, Any]:
+    """Diagnose the draft checkpoint at `drafter` (a folder) against `target` (None: the embedded default).
+
+    Static findings always; measured findings on the target's greedy answers to `limit` prompts
+    (default MT-bench), or on the tokens of an engine dump (`features`, docs/engine-dumps.md), which is
+    then also matched against the target's states. `capture` (from `collect`) reuses recorded states
+    across calls (its target is used; `target` and `prompts` are then ignored). Returns the JSON
+    report: `verdict` ("ok" | "faulty"), `findings` (most likely first: {fault, title, evidence, fix,
+    codes, acceptance_before, acceptance_after, tau_before, tau_after, source, ...}), `trained_for`,
+    `static`, `hazards`, `consumers`, `measured`, `dump`, `notes`, `seconds`.
+    """
+    t0 = time.perf_counter()
+    path = Path(drafter)
+    tgt_dir = capture.target.path if capture is not None else resolve_target(target)
+    rep = check_checkpoint(path, target=tgt_dir, layer_convention=layer_convention)
+    ckpt, tcfg = rep.checkpoint, target_config(tgt_dir)
+    cons = consumers(ckpt)
+    report = _skeleton(path, tgt_dir, rep, cons)
+    final = contract_wiring(ckpt.contract, ckpt.tensors, tcfg["num_hidden_layers"])
+    findings: list[dict[str, Any]] = []
+    why_not = _cannot_measure(rep, ckpt, tcfg)
+    if why_not:
+        report["notes"].append(f"not measured: {why_not}")
+    else:
+        cap, dump = _states(capture, tgt_dir, prompts, features, limit, max_new_tokens, progress)
+        t1 = time.perf_counter()
+        m = Measurer(ckpt, cap)
+        findings, final, report["measured"] = _measure(m, rep, cons, path, layer_convention, tcfg, progress)
+        report["notes"] += _measure_notes(cap, report["measured"])
+        if dump is not None:
+            dump_findings, report["dump"], dump_notes = dump_section(m, final, dump[1], Path(features), ckpt)
+            findings += dump_findings
+            report["notes"] += dump_notes
+        report["seconds"].update(capture=round(cap.seconds, 1), measure=round(time.perf_counter() - t1, 1))
+    join_problems(findings, rep)
+    findings += fc_skipped(rep, ckpt)
+    if ckpt.contract.rope_theta is None and not any(f["fault"] == "rope" for f in findings):
+        report["notes"].append(f"the config names no rope_theta: every engine builds {DEFAULT_ROPE_THETA:g}"
+                               + ("" if why_not else ", and the measurement found no better theta"))
+    findings = _rank(findings)
+    report.update(findings=findings, verdict="faulty" if findings else "ok", trained_for=final.describe(),
+                  hazards=hazards(cons, ckpt, final))
+    report["seconds"]["total"] = round(time.perf_counter() - t0, 1)
+    return report

@@ -1,0 +1,216 @@
+"""Engine dumps: what an engine actually fed the draft, matched against the target's own states.
+
+A dump (layout in docs/engine-dumps.md) holds `features[t]` for `input_ids[t]`. Each H-wide chunk
+is matched against the target's states at every layer, raw or normed, at t-1, t and t+1
+(`match_dump`); comparing the matches with what a correct engine feeds this draft names the
+engine's fault (layers, order, norm, position, fc skipped).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from eyas.contract import default_capture_layers
+from eyas.doctor.findings import make_finding
+from eyas.doctor.hypotheses import block_fix, config_edits
+from eyas.doctor.measure import Measurer, SkipFcDrafter
+from eyas.doctor.stats import Outcome, rounded
+from eyas.doctor.wiring import Wiring
+from eyas.drafter import Drafter
+from eyas.errors import FormatError
+from eyas.evaluate import target_greedy
+from eyas.formats import Checkpoint
+from eyas.target import Target
+
+MATCH_COSINE = 0.95  # a dump chunk "is" a target state above this cosine and below this relative error
+MATCH_REL_ERROR = 0.3
+DUMP_ORDER = ("fc_skipped", "capture_layers", "concat_order", "normalized_features", "position_shift")
+_HINT = "a dump is a safetensors file with input_ids [T] (int64) and features [T, W]: see docs/engine-dumps.md"
+
+
+def read_dump(path: str | Path) -> tuple[Tensor, Tensor]:
+    """`input_ids` [T] and `features` [T, W] (fp32) from an engine dump (docs/engine-dumps.md).
+
+    vLLM's ExampleHiddenStatesConnector files (`token_ids` [T], `hidden_states` [T, L, H]) are read
+    as they are written: their layers are concatenated in the order vLLM stored them.
+    """
+    path = Path(path)
+    try:
+        with safe_open(path, "pt") as f:
+            t = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for missing or garbled files
+        raise FormatError(f"{path}: not a readable safetensors file ({e})", _HINT) from None
+    if "input_ids" not in t and {"token_ids", "hidden_states"} <= set(t):
+        t = {"input_ids": t["token_ids"], "features": t["hidden_states"].flatten(1)}  # [T, L, H] -> [T, L*H]
+    missing = sorted({"input_ids", "features"} - set(t))
+    if missing:
+        raise FormatError(f"{path}: no {', '.join(missing)} (found {sorted(t)})", _HINT)
+    ids, feats = t["input_ids"], t["features"]
+    if ids.ndim != 1 or ids.is_floating_point() or feats.ndim != 2 or not feats.is_floating_point() \
+            or feats.shape[0] != ids.shape[0]:
+        raise FormatError(f"{path}: input_ids is {ids.dtype} {list(ids.shape)} and features {feats.dtype} "
+                          f"{list(feats.shape)}; expected int64 [T] and float [T, W]", _HINT)
+    if ids.shape[0] < 4:
+        raise FormatError(f"{path}: {ids.shape[0]} positions; at least 4 are needed to compare shifts", _HINT)
+    return ids.long(), feats.float()
+
+
+def check_dump(dump: tuple[Tensor, Tensor], tgt: Target, path: str | Path) -> None:
+    """A dump from another target or tokenizer cannot be matched: say so instead of matching noise."""
+    ids, feats = dump
+    if int(ids.max()) >= tgt.vocab_size or int(ids.min()) < 0:
+        raise FormatError(f"{path}: token ids {int(ids.min())}..{int(ids.max())} are outside the vocab of "
+                          f"{tgt.name} ({tgt.vocab_size})", "dump with the target's tokenizer, or pass --target")
+    if feats.shape[1] % tgt.hidden_size:
+        raise FormatError(f"{path}: features are {feats.shape[1]} wide, not a multiple of the hidden size "
+                          f"{tgt.hidden_size} of {tgt.name}", "dump the target the draft serves, or pass --target")
+
+
+def _candidates(states: Tensor, m: Measurer) -> tuple[list[tuple[int, str]], Tensor]:
+    """Every state a chunk may be: (layer, kind) names and the [C, T, H] stack of those states."""
+    names, cands = [], []
+    for k in range(states.shape[1]):
+        for kind, f in (("raw", None), ("final_norm", m.final_norm),
+                        ("input_norm", m.input_norms[k] if k < m.N else None)):
+            if kind == "raw" or f is not None:
+                names.append((k, kind))
+                cands.append(states[:, k] if f is None else f(states[:, k]))
+    return names, torch.stack(cands)
+
+
+@torch.no_grad()
+def match_dump(features: Tensor, sample: dict[str, Tensor], m: Measurer) -> list[dict[str, Any]]:
+    """For each H-wide chunk of a dump's features, the target state it came from.
+
+    Candidates: the residual stream at every index 0..N, each through the target's final norm (index
+    N so is the final-normed state) and through layer k's input_layernorm (the normed input a hook on
+    the attention sees), each at positions t-1, t and t+1. The best has the lowest median relative
+    error |chunk - state| / |state| over positions 1..T-2 (where every shift exists); its mean cosine
+    is reported beside it, and the runner-up from another layer or shift.
+    """
+    states = sample["states"]  # [T, N+1, H]
+    T, H = states.shape[0], states.shape[-1]
+    names, stack = _candidates(states, m)  # [C, T, H]
+    out = []
+    for i in range(features.shape[1] // H):
+        chunk = features[1:T - 1, i * H:(i + 1) * H]  # [T-2, H]
+        scored = []
+        for d in (-1, 0, 1):
+            c = stack[:, 1 + d:T - 1 + d]  # [C, T-2, H]: the states of position t + d
+            rel = ((chunk - c).norm(dim=-1) / c.norm(dim=-1).clamp_min(1e-12)).median(dim=-1).values
+            cos = torch.nn.functional.cosine_similarity(chunk[None], c, dim=-1).mean(-1)
+            scored += [(float(rel[j]), float(cos[j]), *names[j], d) for j in range(len(names))]
+        scored.sort()
+        rel, cos, k, kind, d = scored[0]
+        rel2, cos2, k2, kind2, d2 = next(s for s in scored if (s[2], s[4]) != (k, d))
+        out.append({"chunk": i, "layer": k, "state": kind, "shift": d, "rel_error": rounded(rel),
+                    "cosine": rounded(cos), "identified": cos >= MATCH_COSINE and rel <= MATCH_REL_ERROR,
+                    "runner_up": {"layer": k2, "state": kind2, "shift": d2, "rel_error": rounded(rel2),
+                                  "cosine": rounded(cos2)}})
+    return out
+
+
+def chunk_text(m: dict[str, Any]) -> str:
+    """One matched chunk, in words."""
+    kind = {"raw": "", "final_norm": " through the final norm", "input_norm": " through its input_layernorm"}
+    at = "t" if m["shift"] == 0 else f"t{m['shift']:+d}"
+    return (f"chunk {m['chunk']} = layer {m['layer']}{kind[m['state']]} at {at} (cosine {m['cosine']:.3f}, "
+            f"relative error {m['rel_error']:.3f})")
+
+
+def _layers_fix(got: list[int], want: tuple[int, ...], N: int, ckpt: Checkpoint) -> str:
+    if got == [k + 1 for k in want]:
+        return ("the engine added 1 to the draft's layer ids (SGLang before PR #25454 reads eagle_config ids as "
+                f"output-of-layer): {config_edits(ckpt, 'layers', want)}, or upgrade SGLang")
+    if tuple(got) == default_capture_layers(N):
+        return ("the engine did not read the draft's layer ids and fell back to (2, N//2, N-3) (vLLM 0.32 reads the "
+                "top-level ids, else the nested eagle_config ids; llama.cpp only the top-level ones): "
+                f"{config_edits(ckpt, 'layers', want)} (eyas convert DIR OUT --format both)")
+    if got == [k - 1 for k in want]:
+        return ("the engine captured one layer early (the output of layer k instead of its input, or ids read as "
+                f"capture indices where they meant output-of-layer): make it capture {list(want)}")
+    return f"make the engine capture layers {list(want)} (the draft's ids: {config_edits(ckpt, 'layers', want)})"
+
+
+def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, finding) -> list[dict[str, Any]]:
+    """The engine fed another number of states than the draft reads: one state (fc skipped) or another count."""
+    if W == H and len(want) > 1:
+        return [finding("fc_skipped", f"the engine fed one {H}-wide state, not {len(want)} concatenated: fc was "
+                        "skipped and the EAGLE-3 draft ran as EAGLE-1",
+                        "serve it as EAGLE-3: SGLang --speculative-algorithm EAGLE3, vLLM speculative_config "
+                        "method \"eagle3\" (under EAGLE only the last hidden state is passed: sglang #21272)")]
+    return [finding("capture_layers", f"the engine fed {W // H} states ({W} wide); the draft reads "
+                    f"{len(want)} ({len(want) * H} wide)",
+                    f"make the engine capture layers {list(want)}: {config_edits(ckpt, 'layers', want)}")]
+
+
+def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, final: Wiring, before: Outcome | None,
+                  after: Outcome, ckpt: Checkpoint) -> list[dict[str, Any]]:
+    """What the engine got wrong, by comparing each chunk with what a correct engine feeds this draft:
+    the raw residual stream at the draft's layers, in order, at the same position."""
+    H, want = m.H, final.layers
+    seen = "; ".join(chunk_text(c) for c in matches)
+
+    def finding(slug: str, title: str, fix: str) -> dict[str, Any]:
+        return make_finding(slug, title, f"engine dump: {seen}", fix, before, after, "engine dump")
+
+    if W != len(want) * H:
+        return _width_findings(W, H, want, ckpt, finding)
+    ok, out, got = [c for c in matches if c["identified"]], [], [c["layer"] for c in matches]
+    if len(ok) == len(matches) and got != list(want):
+        if sorted(got) == sorted(want):
+            out.append(finding("concat_order", f"the engine concatenated layers {got}; the draft reads {list(want)}",
+                               "concatenate in the draft's order (engines append in layer order; a custom capture "
+                               f"must too), or {block_fix(tuple(got), want, H, m.contract)}"))
+        else:
+            out.append(finding("capture_layers", f"the engine captured layers {got}; the draft reads {list(want)}",
+                               _layers_fix(got, want, m.N, ckpt)))
+    normed = [c for c in ok if c["state"] != "raw"]
+    if normed:
+        out.append(finding("normalized_features", f"the engine fed normed states ({chunk_text(normed[0])}); the "
+                           "draft reads the raw residual stream",
+                           "capture hidden_states + residual before any norm (in fused add-norm layers the normed "
+                           "output is not the residual stream)"))
+    shifted = [c for c in ok if c["shift"]]
+    if shifted:
+        d = shifted[0]["shift"]
+        side = "before" if d < 0 else "after"
+        out.append(finding("position_shift", f"features[t] are the target's states at t{d:+d}, not at t",
+                           f"the engine pairs each token with the features of the position {side} it: features[t] "
+                           "must be the state at input_ids[t] (check its hidden-state bookkeeping after accepted "
+                           "tokens)"))
+    return out
+
+
+def _dump_outcome(m: Measurer, final: Wiring, sample: dict[str, Tensor], features: Tensor) -> Outcome | None:
+    """The draft on what the engine fed it: fc skipped when only one hidden-size state came (as SGLang
+    does), None when nothing can run on that width."""
+    W, c = features.shape[1], m.contract
+    if W == len(final.layers) * c.target_hidden_size:
+        cls = Drafter
+    elif W == c.hidden_size:
+        cls = SkipFcDrafter
+    else:
+        return None
+    return m.run(m.drafter(final, cls), [{**sample, "features": features}], [target_greedy(sample, m.lm_head)])
+
+
+def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt: Checkpoint
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """The engine dump matched against the target's states: (findings, report section, notes)."""
+    sample = m.cap.samples[0]
+    matches = match_dump(features, sample, m)
+    on_dump, correct = _dump_outcome(m, final, sample, features), m.measure(final)
+    findings = dump_findings(matches, features.shape[1], m, final, on_dump, correct, ckpt)
+    lost = [c for c in matches if not c["identified"]]
+    notes = ["dump chunks matching no target state: " + "; ".join(chunk_text(c) for c in lost)
+             + " (another target or precision, or tokens not aligned with features)"] if lost else []
+    section = {"path": str(path), "positions": int(features.shape[0]), "width": int(features.shape[1]),
+               "chunks": matches, "acceptance_on_dump": None if on_dump is None else on_dump.summary(),
+               "acceptance_on_correct_features": correct.summary()}
+    return sorted(findings, key=lambda f: DUMP_ORDER.index(f["fault"])), section, notes

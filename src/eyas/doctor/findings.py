@@ -1,0 +1,62 @@
+"""How a finding is recorded and worded: the fault's slug, a title, the evidence, the fix, the numbers.
+
+Every finding, whatever found it (a measurement, a config file, a serving engine, an engine dump,
+`eyas check`), is the same JSON-ready dict, so the report can rank them all by the gain they promise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eyas.doctor.stats import ALPHA, Outcome, rounded
+from eyas.doctor.wiring import Wiring
+from eyas.formats import NORM_FLAGS
+
+SLUGS = ("capture_layers", "concat_order", "normalized_features", "fc_skipped", "embeddings", "vocab_map",
+         "rope", "norm_flags", "config_file", "position_shift")
+
+
+def make_finding(slug: str, title: str, evidence: str, fix: str, before: Outcome | None, after: Outcome | None,
+                 source: str, *, codes: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    """One finding; `before`/`after` are the outcomes without and with the fix (None: not measured),
+    `codes` the eyas.codes of the `eyas check` findings it includes."""
+    assert slug in SLUGS, slug
+    return {"fault": slug, "title": title, "evidence": evidence, "fix": fix, "codes": list(codes),
+            "acceptance_before": None if before is None else rounded(before.depth1),
+            "acceptance_after": None if after is None else rounded(after.depth1),
+            "tau_before": None if before is None else rounded(before.tau),
+            "tau_after": None if after is None else rounded(after.tau), "source": source, **extra}
+
+
+def numbers(before: Outcome, after: Outcome, test: dict[str, Any], tests: int) -> str:
+    """The evidence of a measured finding: both outcomes and the paired test, in one sentence."""
+    b, c = test["depth1_wins_losses"]
+    w, l = test["chain_wins_losses"]
+    return (f"depth-1 acceptance {before.depth1:.3f} -> {after.depth1:.3f}, tau(5) {before.tau:.2f} -> "
+            f"{after.tau:.2f} over {test['positions']} positions; exact McNemar p = {test['p_depth1']:.1e} "
+            f"({b} positions gained, {c} lost), chain-length sign test p = {test['p_chain']:.1e} ({w}/{l}); "
+            f"{tests} test{'s' * (tests != 1)} in the round, Bonferroni at {ALPHA}")
+
+
+def differs(a: Wiring, b: Wiring) -> str:
+    """The slug of the first way two wirings differ (the fault that separates them)."""
+    if a.layers != b.layers:
+        return "concat_order" if sorted(a.layers) == sorted(b.layers) else "capture_layers"
+    for field, slug in (("normed", "normalized_features"), ("shift", "position_shift"), ("embeddings", "embeddings"),
+                        ("vocab", "vocab_map"), ("rope_theta", "rope")):
+        if getattr(a, field) != getattr(b, field):
+            return slug
+    return "norm_flags"
+
+
+def said(slug: str, base: Wiring, new: Wiring) -> str:
+    """What the wiring `base` says, in the words of the fault that separates it from `new`."""
+    if slug in ("capture_layers", "concat_order", "config_file"):
+        return f"capture layers {list(base.layers)}"
+    if slug == "norm_flags":
+        return ", ".join(f"{f} = {str(getattr(base, f)).lower()}" for f in NORM_FLAGS
+                         if getattr(base, f) != getattr(new, f))
+    return {"normalized_features": "raw features",
+            "embeddings": "its own embeddings" if base.embeddings == "own" else "the target's embeddings",
+            "vocab_map": f"the {base.vocab} vocab map", "rope": f"rope theta {base.rope_theta:g}",
+            "position_shift": "features of the same position"}[slug]

@@ -1,0 +1,183 @@
+"""The measuring harness: one draft, the target's recorded states, and an outcome per wiring.
+
+`Measurer.measure(wiring)` builds (and caches) the drafter the wiring needs, feeds it the features
+the wiring describes, and scores greedy chains of DEPTH draft tokens against the target's own
+greedy tokens, position by position (`eyas.evaluate`), so every wiring is measured on the same
+positions and any two can be compared with `eyas.doctor.stats.paired_test`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from eyas.contract import DraftContract, expected_shapes
+from eyas.doctor.capture import Capture
+from eyas.doctor.stats import DEPTH, Outcome
+from eyas.doctor.wiring import Wiring, stored_ids
+from eyas.drafter import Drafter, RMSNorm
+from eyas.errors import ContractError, EyasError
+from eyas.evaluate import chain_acceptance, sample_predictions, target_greedy
+from eyas.formats import Checkpoint, target_facts
+
+
+class SkipFcDrafter(Drafter):
+    """A drafter fed one H-wide state with fc skipped: what SGLang does when an EAGLE-3 draft is run
+    under --speculative-algorithm EAGLE (sglang #21272)."""
+
+    def combine(self, features: Tensor) -> Tensor:
+        return features
+
+
+class Measurer:
+    """The draft, the target's states and a cache of outcomes per wiring."""
+
+    def __init__(self, ckpt: Checkpoint, cap: Capture):
+        self.ckpt, self.cap, self.contract = ckpt, cap, ckpt.contract
+        tgt = cap.target
+        self.N, self.H = tgt.num_layers, tgt.hidden_size
+        self.lm_head = tgt.model.get_output_embeddings().weight.detach().float()  # [V, H]
+        self.embed = tgt.model.get_input_embeddings().weight.detach().float()  # [V, H]
+        decoder = tgt.model.base_model
+        eps = getattr(tgt.config, "rms_norm_eps", 1e-6)
+        self.final_norm = _norm(decoder.norm.weight, eps)
+        self.input_norms = [_norm(layer.input_layernorm.weight, eps) for layer in decoder.layers]
+        self.target_theta = target_facts(tgt.config.to_dict())["rope_theta"]
+        self._greedy: list[Tensor] | None = None  # see `greedy`
+        self._recovered: Tensor | None | bool = False  # False: not computed yet
+        self._drafters: dict[tuple, Drafter] = {}
+        self._outcomes: dict[Wiring, Outcome] = {}
+
+    # -- the draft side --
+    def drafter(self, w: Wiring, cls: type[Drafter] = Drafter) -> Drafter:
+        key = (cls, *w.drafter_key())
+        if key not in self._drafters:
+            c, t = self._tensors(w)
+            embed = None if c.has_embeddings else self.embed
+            self._drafters[key] = cls.from_tensors(c, t, embed_tokens=embed)
+        return self._drafters[key]
+
+    def _tensors(self, w: Wiring) -> tuple[DraftContract, dict[str, Tensor]]:
+        """The contract and tensors that run wiring `w`: tensors the wiring does not use are dropped
+        (as engines skip them), a norm it turns on without trained weights gets weight 1, and the vocab
+        map is the stored, identity or recovered one."""
+        c = self.contract.replace(norm_before_residual=w.norm_before_residual, norm_before_fc=w.norm_before_fc,
+                                  fc_norm=w.fc_norm, norm_output=w.norm_output, rope_theta=w.rope_theta,
+                                  has_embeddings=w.embeddings == "own", has_vocab_map=w.vocab != "none")
+        src, out = self.ckpt.tensors, {}
+        for name, shape in expected_shapes(c).items():
+            if name in ("d2t", "t2d"):
+                continue
+            if name in src and tuple(src[name].shape) == shape:
+                out[name] = src[name]
+            elif name == "input_norm.weight" or name.startswith("fc_norm."):
+                out[name] = torch.ones(shape)
+            else:
+                raise ContractError(f"{name} is missing or misshapen; the draft cannot run", "run eyas check on it")
+        if c.has_vocab_map:
+            out.update(self._vocab_map(w.vocab, c))
+        return c, out
+
+    def _vocab_map(self, which: str, c: DraftContract) -> dict[str, Tensor]:
+        """d2t and t2d for the stored, identity or recovered map of draft ids to target ids."""
+        Vd = c.draft_vocab_size
+        ids = {"stored": lambda: stored_ids(self.ckpt.tensors, self.contract), "identity": lambda: torch.arange(Vd),
+               "recovered": self.recovered}[which]()  # target id of each draft id
+        return {"d2t": (ids - torch.arange(Vd)).long(),
+                "t2d": torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)}
+
+    # -- the feature side --
+    def features(self, s: dict[str, Tensor], w: Wiring) -> Tensor:
+        """[T, A*H] for wiring `w` out of the sample's recorded states: a slice, permutation, norm, shift."""
+        T = s["states"].shape[0]
+        at = (torch.arange(T) + w.shift).clamp(0, T - 1)  # position t reads the states of t + shift
+        chunks = [s["states"][at, k] for k in w.layers]  # A x [T, H]
+        if w.normed == "all":
+            chunks = [self.final_norm(x) for x in chunks]
+        elif w.normed == "last":
+            i = w.layers.index(max(w.layers))
+            chunks[i] = self.final_norm(chunks[i])
+        return torch.cat(chunks, dim=-1)
+
+    # -- scoring --
+    def measure(self, w: Wiring) -> Outcome:
+        """The outcome of wiring `w` on the recorded positions (cached: each wiring runs once)."""
+        if w not in self._outcomes:
+            self._outcomes[w] = self._measure(w)
+        return self._outcomes[w]
+
+    def _measure(self, w: Wiring) -> Outcome:
+        bad = [k for k in w.layers if not 0 <= k <= self.N]
+        if bad:
+            return self._rejected(f"layers {bad} do not exist in a {self.N}-layer target")
+        try:
+            drafter = self.drafter(w)
+        except ContractError as e:  # e.g. a malformed stored d2t: engines would fail or misread it
+            return self._rejected(str(e))
+        samples = [{**s, "features": self.features(s, w)} for s in self.cap.samples]
+        return self.run(drafter, samples, self.greedy)
+
+    @property
+    def greedy(self) -> list[Tensor]:
+        """The target's greedy tokens per captured sample: they do not depend on the wiring, so the
+        full-vocab matmul runs once, not once per hypothesis."""
+        if self._greedy is None:
+            self._greedy = [target_greedy(s, self.lm_head) for s in self.cap.samples]
+        return self._greedy
+
+    def run(self, drafter: Drafter, samples: list[dict[str, Tensor]], greedy_tokens: list[Tensor]) -> Outcome:
+        """Greedy chains of DEPTH draft tokens at every measured position of `samples`."""
+        parts = []
+        with torch.inference_mode():
+            for s, greedy in zip(samples, greedy_tokens, strict=True):
+                if int(s["loss_mask"].sum()) >= 2:
+                    parts.append(sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy))
+        if not parts:
+            raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
+        pred, truth, valid = (torch.cat([p[k] for p in parts]) for k in ("pred", "truth", "valid"))
+        rep = chain_acceptance(pred, truth, valid)
+        accepted = torch.cummin(((pred == truth) & valid).int(), dim=1).values.sum(1)  # [P]
+        return Outcome(pred[:, 0] == truth[:, 0], accepted, rep["acceptance_by_depth"], rep["tau_chain"][str(DEPTH)])
+
+    def recovered(self) -> Tensor | None:
+        """The vocab map read off lm_head (`recover_vocab_map`), computed once, when first asked for."""
+        if self._recovered is False:
+            self._recovered = recover_vocab_map(self.ckpt.tensors.get("lm_head.weight"), self.lm_head, self.contract)
+        return self._recovered
+
+    def map_disagrees(self, ids: Tensor) -> bool:
+        """Whether lm_head's rows point elsewhere than `ids` says, judged on 256 rows (a full check of
+        a 32k draft vocab against a 128k target vocab would cost a full matmul)."""
+        rows = torch.linspace(0, len(ids) - 1, min(256, len(ids))).long()
+        c = self.contract.replace(draft_vocab_size=len(rows))
+        sample = recover_vocab_map(self.ckpt.tensors["lm_head.weight"][rows], self.lm_head, c)
+        return sample is None or bool((sample != ids[rows]).float().mean() > 0.1)
+
+    def _rejected(self, why: str) -> Outcome:
+        P = self.cap.positions
+        return Outcome(torch.zeros(P, dtype=torch.bool), torch.zeros(P, dtype=torch.long), [0.0] * DEPTH, 1.0, why)
+
+
+def _norm(weight: Tensor, eps: float) -> RMSNorm:
+    """An RMSNorm holding a copy of the target's weight (the drafter's norm, so one formula)."""
+    norm = RMSNorm(weight.shape[0], eps)
+    norm.weight = torch.nn.Parameter(weight.detach().float().clone(), requires_grad=False)
+    return norm
+
+
+def recover_vocab_map(draft_head: Tensor | None, target_head: Tensor, c: DraftContract) -> Tensor | None:
+    """Target id of each draft id, read off lm_head: each draft row's most similar target row.
+
+    Drafts trained by eyas, speculators and SpecForge start lm_head as the target's rows of the draft
+    vocab, and training moves them little; when every draft row points at a distinct target row with
+    cosine > 0.5 the map is taken as recovered. None otherwise (or for a full-vocab draft).
+    """
+    if draft_head is None or not c.reduced_vocab or draft_head.shape[1] != target_head.shape[1]:
+        return None
+    a = torch.nn.functional.normalize(draft_head.float(), dim=-1)  # [Vd, H]
+    b = torch.nn.functional.normalize(target_head.float(), dim=-1)  # [V, H]
+    best = [(a[i:i + 4096] @ b.T).max(-1) for i in range(0, len(a), 4096)]  # in blocks: Vd x V can be large
+    cos, ids = torch.cat([m.values for m in best]), torch.cat([m.indices for m in best])
+    if ids.unique().numel() != len(ids) or float(cos.min()) <= 0.5:
+        return None
+    return ids

@@ -1,0 +1,74 @@
+"""`format_report`: the doctor's JSON report, rendered for a human reader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eyas.doctor.dumps import chunk_text
+
+
+def _num(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _acc(f: dict[str, Any]) -> str:
+    if f["acceptance_before"] is None or f["acceptance_after"] is None:
+        return ""
+    return (f" (depth-1 acceptance {_num(f['acceptance_before'])} -> {_num(f['acceptance_after'])}, tau(5) "
+            f"{_num(f['tau_before'], '.2f')} -> {_num(f['tau_after'], '.2f')})")
+
+
+def _measured(report: dict[str, Any]) -> list[str]:
+    m = report["measured"]
+    fit, said = m["trained_for"], m["contract"]
+    return ["", f"the weights fit: {fit['wiring']}",
+            (f"  depth-1 acceptance {_num(fit['acceptance_depth1'])}, tau(5) {_num(fit['tau5'], '.2f')} (as "
+             f"the contract says: {_num(said['acceptance_depth1'])}, {_num(said['tau5'], '.2f')})")]
+
+
+def _dump(d: dict[str, Any]) -> list[str]:
+    lines = ["", f"engine dump {d['path']}: {d['positions']} positions x {d['width']}"]
+    lines += [f"  {chunk_text(c)}{'' if c['identified'] else ' (no match)'}" for c in d["chunks"]]
+    on = d["acceptance_on_dump"]
+    lines.append(f"  draft on the dump: depth-1 {_num(on['acceptance_depth1']) if on else 'cannot run'}; on "
+                 f"correct features: {_num(d['acceptance_on_correct_features']['acceptance_depth1'])}")
+    return lines
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["", ("wirings measured (round: hypothesis, depth-1 acceptance, tau(5), p depth-1, * = significant; "
+                  "after round 1 only the significant):")]
+    for r in (r for r in rows if r["round"] == 1 or r["significant"]):
+        lines.append(f"  {r['round']}: {r['hypothesis']:<36} {_num(r['acceptance_depth1'])}  "
+                     f"{_num(r['tau5'], '.2f')}  p={r['p_depth1']:.1e}{' *' if r['significant'] else ''}")
+    return lines
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report for humans: verdict, findings (most likely first) with numbers and the fix, then
+    what the weights fit, the engine dump, consumer hazards, other problems, notes, and the table."""
+    n = len(report["findings"])
+    head = "OK: no fault found" if report["verdict"] == "ok" else f"FAULTY: {n} finding{'s' * (n != 1)}"
+    lines = [f"eyas doctor {report['drafter']}: {head}", f"target: {report['target']}"]
+    m = report["measured"]
+    if m:
+        lines.append(f"measured: {m['data']}, {m['positions']} positions, {report['seconds'].get('total')} s "
+                     f"(capture {report['seconds'].get('capture')} s)")
+    for i, f in enumerate(report["findings"], 1):
+        lines += ["", f"{i}. [{f['fault']}] {f['title']}{_acc(f)}", f"   evidence: {f['evidence']}",
+                  f"   fix: {f['fix']}"]
+    if m:
+        lines += _measured(report)
+    if report["dump"]:
+        lines += _dump(report["dump"])
+    if report["hazards"]:
+        lines += ["", "consumer hazards (an engine wires the checkpoint differently from its contract):"]
+        lines += [f"  - {h['consumer']}: {h['hazard']}\n      fix: {h['fix']}" for h in report["hazards"]]
+    if report["static"]["problems"]:
+        lines += ["", "other problems (eyas check; not acceptance faults):"]
+        lines += [f"  - [{p['field']}] {p['problem']}\n      fix: {p['fix']}" for p in report["static"]["problems"]]
+    if report["notes"]:
+        lines += ["", "notes:"] + [f"  - {x}" for x in report["notes"]]
+    if m and m["hypotheses"]:
+        lines += _table(m["hypotheses"])
+    return "\n".join(lines)

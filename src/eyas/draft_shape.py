@@ -1,0 +1,76 @@
+"""A draft shape (a chain of k tokens, or an EAGLE-2 tree depth,top_k,budget) and the fastest one
+measured on this machine.
+
+The fastest shape depends on the target, the drafter, the dtype and the machine (what a verify
+forward over many tokens costs against one over a single token, which the CPU's instruction sets
+decide), so `eyas bench --sweep` times them and records the winner in
+`$XDG_CACHE_HOME/eyas/best_shape.json`, keyed by all four (eyas.machine); `eyas generate` and
+`eyas bench` use it when no shape is given. A shape is a dict, as in the JSON
+reports: {"draft_tokens": k} or {"tree": [depth, top_k, budget]}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from eyas.dtypes import short_name
+from eyas.errors import EyasError
+from eyas.machine import machine_key, read_measured, save_measured
+
+
+def parse_tree(tree: str | Sequence[int] | None) -> tuple[int, int, int] | None:
+    """"depth,top_k,budget" (the --tree flag) or a 3-sequence -> a checked tuple; None stays None."""
+    if tree is None:
+        return None
+    parts = tree.split(",") if isinstance(tree, str) else list(tree)
+    try:
+        shape = tuple(int(v) for v in parts)
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise EyasError(f"tree {tree!r}: expected depth,top_k,budget, three integers >= 1", "e.g. --tree 5,4,16")
+    return shape
+
+
+def shape_label(shape: dict) -> str:
+    """{"draft_tokens": 4} -> "chain k=4"; {"tree": [5, 4, 16]} -> "tree 5,4,16"."""
+    if "tree" in shape:
+        return "tree " + ",".join(str(v) for v in shape["tree"])
+    return f"chain k={shape['draft_tokens']}"
+
+
+def decode_shape(shape: dict) -> dict:
+    """A shape as eyas.decode.generate's keywords."""
+    return {k: tuple(v) if k == "tree" else v for k, v in shape.items()}
+
+
+# --- the cache of the best shape, per target, drafter, dtype and machine ---------------------------
+
+
+def shape_key(target_name: str, drafter: str | Path, dtype: str | torch.dtype) -> list:
+    """What a measured shape depends on: the models, the dtype and the machine (eyas.machine)."""
+    return [target_name, str(Path(drafter).resolve()), short_name(dtype), *machine_key()]
+
+
+def read_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dtype) -> dict | None:
+    """The cached sweep entry for this target / drafter / dtype / machine, or None.
+
+    The entry's `best` is {"draft_tokens": k} or {"tree": [depth, top_k, budget]}; `best_chain` and
+    `best_tree` are the fastest of each kind; `beats_target` says whether `best` was faster than
+    the target decoding alone in the same sweep (entries from older sweeps lack it: None).
+    """
+    entry = read_measured("shape", shape_key(target_name, drafter, dtype))
+    try:  # an entry from another eyas version or edited by hand is ignored, never half-used
+        shapes = [entry["best"], {"draft_tokens": entry["best_chain"]}, {"tree": entry["best_tree"]}]
+        usable = all(parse_tree(s["tree"]) if "tree" in s else int(s["draft_tokens"]) >= 1 for s in shapes)
+    except (TypeError, KeyError, ValueError, EyasError):
+        usable = False
+    return entry if usable else None
+
+
+def save_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dtype, entry: dict) -> Path:
+    """Record a sweep's entry (atomically; two sweeps at once keep both)."""
+    return save_measured("shape", shape_key(target_name, drafter, dtype), entry)

@@ -1,0 +1,83 @@
+"""A Drafter from a checkpoint folder, or the draft eyas ships for a target.
+
+Every verb that runs a draft starts here: the folder is read in whatever format it has
+(`eyas.formats.read_checkpoint`), checked against the target's config before any weight is read,
+and given the target's embeddings when it does not ship its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.resources import files
+from pathlib import Path
+
+import torch
+
+from eyas.drafter import Drafter
+from eyas.errors import ContractError, EyasError
+from eyas.formats import Checkpoint, read_checkpoint
+from eyas.target import check_fits, load_target_embeddings, target_config, target_name
+
+# Drafts shipped inside the package, by target identity (trained with eyas: recipes/).
+SHIPPED_DRAFTS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "drafts/smollm2-135m-instruct"}
+
+
+def resolve_drafter(spec: str | Path | None, target: str | Path | None = None) -> Path:
+    """A draft folder: `spec` itself, or for None / "default" the draft shipped for `target`."""
+    if spec not in (None, "default"):
+        return Path(spec)
+    name = target_name(target)
+    shipped = files("eyas") / SHIPPED_DRAFTS[name] if name in SHIPPED_DRAFTS else None
+    if shipped is None or not shipped.is_dir():
+        raise EyasError(f"no draft given and eyas ships none for {name}",
+                        "pass a draft folder (eyas init DIR --target T makes an untrained one; eyas train trains one)")
+    return Path(str(shipped))
+
+
+def load_drafter(
+    path: str | Path | None,
+    *,
+    target: str | Path | None = None,
+    layer_convention: str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Drafter:
+    """A drafter from a checkpoint of any format; a draft without embed_tokens gets the
+    target's (only that tensor is read from the target's weight files, never the model).
+
+    `path` None or "default": the draft eyas ships for the target (see `resolve_drafter`).
+    `target`: the target's folder, or None for the embedded default. The draft must fit it
+    (vocab, hidden size, capture depth): checked before any tensor is read.
+    """
+    return load_drafter_and_config(path, target=target, layer_convention=layer_convention, dtype=dtype)[0]
+
+
+def load_drafter_and_config(
+    path: str | Path | None,
+    *,
+    target: str | Path | None = None,
+    layer_convention: str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Drafter, Path]:
+    """`load_drafter`, and the config file the drafter's contract was read from (for errors that
+    pair the draft with something else, such as data captured at other layers)."""
+    ckpt = read_checkpoint(resolve_drafter(path, target), layer_convention=layer_convention)
+    with _naming(ckpt):
+        check_fits(ckpt.contract, target_config(target))
+    embed = None if ckpt.contract.has_embeddings else load_target_embeddings(target)
+    with _naming(ckpt):
+        drafter = Drafter.from_tensors(ckpt.contract, ckpt.tensors, embed_tokens=embed, dtype=dtype)
+    return drafter, ckpt.config_path
+
+
+@contextmanager
+def _naming(ckpt: Checkpoint) -> Iterator[None]:
+    """A contract error raised inside names the config file the contract was read from.
+
+    The checks it guards (fits the target, the drafter implements the layer and rope) know only the
+    contract; the user needs to know which file to fix.
+    """
+    try:
+        yield
+    except ContractError as e:
+        raise ContractError(f"{ckpt.config_path}: {e}", e.hint) from None

@@ -1,0 +1,127 @@
+"""Served against predicted: is the difference noise, and did the engine wire the draft as its contract says?
+
+Acceptance (`acceptance_agreement`): per draft position i, a two-proportion z-test of the served
+rate (accepted at i / drafts) against eyas's, pooled variance, Bonferroni over the k positions at
+ALPHA overall. Served and predicted come from the SAME token sequences, so they are positively
+correlated and the independent-samples test is conservative: it calls a difference real only when
+binomial noise on that many drafts could not produce it even for two unrelated runs.
+
+Wiring (`wiring_report`) does not depend on acceptance: what the live engine built (the layers its
+target captures, the draft's norm flags, its vocab map, whose embeddings it reads) and what it fed the
+draft (the dump, matched against eyas's capture of the same tokens) are compared with the contract.
+A cheap draft hides a wrong wiring in the noise (one layer early moved the shipped draft's served
+mean acceptance length by 0.05), so any difference here is a disagreement on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from eyas.contract import DraftContract
+
+ALPHA = 0.01  # family-wise, over the k positions
+DUMP_REL_ERROR = 0.01  # an fp32 engine feeding the contract's states matches eyas's capture to ~1e-6
+
+
+def rates(counts: list[int], drafts: int) -> dict[str, Any]:
+    """The engine's definition: mean acceptance length 1 + accepted / drafts; rate i = accepted at i / drafts."""
+    if not drafts:
+        return {"mean_acceptance_length": None, "acceptance_by_position": [], "drafts": 0,
+                "accepted_by_position": list(counts)}
+    return {"mean_acceptance_length": 1 + sum(counts) / drafts,
+            "acceptance_by_position": [c / drafts for c in counts],
+            "drafts": drafts, "accepted_by_position": list(counts)}
+
+
+def acceptance_agreement(served: dict[str, Any], predicted: dict[str, Any], alpha: float = ALPHA
+                         ) -> tuple[bool, list[dict[str, Any]]]:
+    """(agree, per-position tests): see the module docstring."""
+    n1, n2 = served["drafts"], predicted["drafts"]
+    c1, c2 = served["accepted_by_position"], predicted["accepted_by_position"]
+    k = min(len(c1), len(c2))
+    crit = NormalDist().inv_cdf(1 - alpha / (2 * max(k, 1)))
+    tests = []
+    for i in range(k):
+        p1, p2, pooled = c1[i] / n1, c2[i] / n2, (c1[i] + c2[i]) / (n1 + n2)
+        se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+        z = (p1 - p2) / se if se else (0.0 if p1 == p2 else math.inf)
+        tests.append({"position": i + 1, "served": p1, "predicted": p2, "z": z, "within_noise": abs(z) <= crit})
+    return all(t["within_noise"] for t in tests), tests
+
+
+def _vocab_map(engine_d2t: list[int] | None, c: DraftContract, d2t: Tensor | None) -> tuple[str, str]:
+    """(what the engine maps draft ids with, what the contract says)."""
+    want = ("the checkpoint's d2t" if c.has_vocab_map else "no d2t: draft ids have no target ids") \
+        if c.reduced_vocab else "full vocabulary (draft id = target id)"
+    if engine_d2t is None:
+        return "full vocabulary (draft id = target id)", want
+    got = torch.tensor(engine_d2t)
+    if d2t is not None and got.shape == d2t.shape and torch.equal(got, d2t.long()):
+        return "the checkpoint's d2t", want
+    if not got.any():
+        return "draft id i = target id i (d2t all zeros: none was loaded)", want
+    return "a d2t that differs from the checkpoint's", want
+
+
+def _embeddings(engine: dict[str, Any]) -> str:
+    """Whose embeddings the engine's draft reads. vLLM shares the target's table with a draft that ships
+    its own only when the two are equal (`torch.equal`), so the draft still reads its own values."""
+    if engine.get("has_own_embed_tokens"):
+        return "draft's own"
+    return "target's" if engine.get("embeddings_shared") else "none"
+
+
+def wiring_report(engine: dict[str, Any], c: DraftContract, d2t: Tensor | None, layers: list[int],
+                  dump: dict[str, Any] | None) -> dict[str, Any]:
+    """The engine's wiring (its model objects, and the dump) against the contract.
+
+    `engine`: the worker's `wiring`; `d2t`: the checkpoint's tensor (None without); `layers`: the
+    contract's capture layers (the engines' default when it names none); `dump`: the result of
+    `dump_check`, or None when no dump was taken. Returns {"agree", "engine", "contract",
+    "differences": [text, ...], "dump"}. The concatenation order is a difference only between the
+    same layers (vLLM appends states in layer order, whatever order the ids are listed in).
+    """
+    contract = {"capture_layers": layers, "features": "raw residual stream",
+                "positions": "features[t] with token x_{t+1}", "norm_before_residual": c.norm_before_residual,
+                "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm, "norm_output": c.norm_output,
+                "embeddings": "draft's own" if c.has_embeddings else "target's"}
+    got_map, contract["vocab_map"] = _vocab_map(engine.get("d2t"), c, d2t)
+    got = engine.get("aux_layers")
+    if got is not None and sorted(got) == sorted(layers):
+        got = sorted(got)  # the order it concatenates them in
+    mine = {"capture_layers": got, "norm_before_residual": engine.get("norm_before_residual"),
+            "norm_before_fc": engine.get("norm_before_fc"),
+            "fc_norm": engine.get("fc_norm"), "norm_output": engine.get("norm_output"), "vocab_map": got_map,
+            "embeddings": _embeddings(engine)}
+    if dump is not None and dump["matches"]:
+        mine.update(features=contract["features"], positions=contract["positions"])
+    diffs = [f"{key}: the engine uses {mine[key]}, the contract says {contract[key]}"
+             for key in mine if key in contract and mine[key] != contract[key]]
+    if dump is not None and not dump["matches"]:
+        diffs.append(f"the engine fed the draft other states than the contract's: {dump['text']}")
+    return {"agree": not diffs, "engine": mine, "contract": contract, "differences": diffs, "dump": dump}
+
+
+@torch.inference_mode()
+def dump_check(dump_ids: Tensor, dump_feats: Tensor, target, layers: list[int]) -> dict[str, Any]:
+    """Do the engine's features equal eyas's capture of the same tokens at the contract's layers, chunk
+    by chunk, at the same positions? (The doctor's dump analysis says what they are when they do not.)"""
+    T, H = dump_feats.shape[0], target.hidden_size
+    if dump_feats.shape[1] != len(layers) * H:
+        return {"matches": False, "text": f"{dump_feats.shape[1]} wide, the contract reads {len(layers)} x {H}",
+                "chunks": [], "positions": T}
+    mine = target.forward(dump_ids[None], layers, with_logits=False).features[0].float()  # [T, A*H]
+    chunks = []
+    for i, k in enumerate(layers):
+        a, b = dump_feats[:, i * H:(i + 1) * H], mine[:, i * H:(i + 1) * H]
+        rel = float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)).median())
+        chunks.append({"chunk": i, "contract_layer": k, "rel_error": rel})
+    text = "; ".join(f"chunk {ch['chunk']} vs layer {ch['contract_layer']}: relative error {ch['rel_error']:.3g}"
+                     for ch in chunks)
+    return {"matches": all(ch["rel_error"] <= DUMP_REL_ERROR for ch in chunks), "text": text, "chunks": chunks,
+            "positions": T}

@@ -1,0 +1,107 @@
+"""eyas's prediction of what an engine accepts, on the token sequences the engine itself generated.
+
+An engine that drafts k tokens greedily works like this: after the target's pass has fixed token
+x_n, the draft reads the target's features at n-1 and x_n (chain start t = n-1 in eyas's alignment,
+`eyas.shift`) and proposes x_{n+1} .. x_{n+k}; the target accepts the longest prefix equal to its own
+greedy tokens, adds one token of its own, and the next chain starts after it. vLLM counts each such
+step as one draft (`vllm:spec_decode_num_drafts`) and position i as accepted when the first i+1
+drafted tokens were (`..._num_accepted_tokens_per_pos`).
+
+`predict` replays exactly that walk with eyas's own draft and target on the engine's sequences: the
+truth at every position is the ENGINE's token (what its verifier accepted), the draft's tokens are
+eyas's teacher-forced unroll (`eyas.evaluate.sample_predictions`, exact for every accepted prefix).
+The walk's last step may draft past the engine's last token (the engine verified those tokens, then
+cut its output at max_tokens), so each sequence is extended by k+1 greedy tokens of eyas's target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from eyas.evaluate import sample_predictions, target_greedy
+
+
+@dataclass
+class Prediction:
+    """Counts in the engine's definition, plus what is needed to pair them with the engine's drafts."""
+
+    drafts: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    tokens_compared: int = 0  # engine tokens checked against eyas's greedy target
+    token_mismatches: int = 0  # engine tokens eyas's target would not have chosen (fp32 rounding near ties)
+    chains: list[Tensor | None] = field(default_factory=list)  # per sequence: [T-2, k] eyas's draft tokens by
+    truths: list[Tensor | None] = field(default_factory=list)  # chain start, and the engine's tokens there
+
+
+def _extend(target, seq: list[int], n: int) -> list[int]:
+    """`seq` plus the target's next `n` greedy tokens (past the engine's output: see the module doc)."""
+    ids = torch.tensor([seq])
+    out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0].tolist()
+
+
+def _walk(chain: Tensor, truth: Tensor, start: int, new_tokens: int, k: int, counts: list[int]) -> int:
+    """Replay the engine's steps from chain start `start` until it has produced `new_tokens`; add each
+    step's accepted positions to `counts`; return the number of steps (drafts)."""
+    made, t, drafts = 1, start, 0  # the prefill made the first token
+    while made < new_tokens:
+        hit = (chain[t, :k] == truth[t, :k]).int()
+        accepted = int(torch.cummin(hit, 0).values.sum())  # the longest matching prefix
+        for i in range(accepted):
+            counts[i] += 1
+        drafts += 1
+        made += accepted + 1  # the accepted tokens and the target's own
+        t += accepted + 1
+    return drafts
+
+
+@torch.inference_mode()
+def predict(drafter, target, layers: list[int], prompts: list[list[int]], outputs: list[list[int]], k: int
+            ) -> Prediction:
+    """eyas's acceptance for `drafter` (a Drafter) fed the target's states at `layers`, on the engine's
+    `outputs` to `prompts` (token ids)."""
+    lm_head = target.model.get_output_embeddings().weight.float()  # [V, H]
+    pred = Prediction(accepted_by_position=[0] * k)
+    for prompt, out in zip(prompts, outputs):
+        if not out:
+            pred.chains.append(None)
+            pred.truths.append(None)
+            continue
+        seq = _extend(target, prompt + out, k + 1)
+        ids = torch.tensor(seq)
+        T = len(seq)
+        cap = target.forward(ids[None], layers, with_logits=False)
+        sample = {"input_ids": ids, "loss_mask": torch.ones(T, dtype=torch.bool),
+                  "features": cap.features[0].float(), "last_hidden": cap.last_hidden[0].float()}
+        engine_next = torch.cat([ids[1:], ids[-1:]])  # y_s = the token the engine put after x_s
+        p = sample_predictions(drafter, sample, lm_head, k, 1, greedy=engine_next)  # rows = chain starts 0..T-3
+        pred.chains.append(p["pred"])
+        pred.truths.append(p["truth"])
+        pred.drafts += _walk(p["pred"], p["truth"], len(prompt) - 1, len(out), k, pred.accepted_by_position)
+        mine = target_greedy(sample, lm_head)[len(prompt) - 1: len(prompt) + len(out) - 1]  # eyas's choice of out
+        pred.tokens_compared += len(out)
+        pred.token_mismatches += int((mine != ids[len(prompt): len(prompt) + len(out)]).sum())
+    return pred
+
+
+def compare_drafts(pred: Prediction, engine_drafts: list[list], prompts: list[list[int]], k: int) -> dict:
+    """The engine's own drafts against eyas's at the same chain starts: the share whose first token is
+    the same, and whose accepted length is the same. With the same wiring both are near 1 (fp32 on
+    both sides); a different wiring changes the draft's tokens even where acceptance barely moves."""
+    same_first = same_len = n = 0
+    for req, start, tokens in engine_drafts:
+        chain, truth = pred.chains[req], pred.truths[req]
+        if chain is None or start >= chain.shape[0] or len(tokens) < k:
+            continue
+        mine = chain[start, :k]
+        theirs = torch.tensor(tokens[:k])
+        acc = [int(torch.cummin((x == truth[start, :k]).int(), 0).values.sum()) for x in (mine, theirs)]
+        n += 1
+        same_first += int(mine[0] == theirs[0])
+        same_len += int(acc[0] == acc[1])
+    return {"drafts": n, "first_token_same": same_first / n if n else None,
+            "accepted_length_same": same_len / n if n else None}

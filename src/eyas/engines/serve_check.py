@@ -1,0 +1,260 @@
+"""`eyas serve-check`: serve a draft in a real engine, and hold what it accepts against eyas's prediction.
+
+The engine (vLLM, in its own venv and process: `eyas.engines.launch`) generates greedily with the
+draft and reports its spec-decode counters, its wiring (from its live model objects) and what it fed
+the draft (a dump). eyas then measures the same draft on the SAME token sequences
+(`eyas.engines.predict`) and compares (`eyas.engines.compare`): acceptance within binomial noise, and
+the engine's wiring equal to the contract. When they disagree, `explanation` says why, from the
+engine's own report, eyas's consumer view (`eyas.check.consumers`, which also predicts refusals) and,
+when the engine fed other states than the contract's, the doctor's dump analysis.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Container
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.atomic import write_bytes
+from eyas.check import check_checkpoint, consumers
+from eyas.codes import text_of
+from eyas.data import encode_prompts, read_prompts
+from eyas.drafter_loading import load_drafter, resolve_drafter
+from eyas.engines.compare import acceptance_agreement, dump_check, rates, wiring_report
+from eyas.engines.launch import engine_python, run_vllm
+from eyas.engines.predict import compare_drafts, predict
+from eyas.contract import default_capture_layers
+from eyas.errors import EyasError
+from eyas.target import Target, resolve_target
+
+ENGINES = ("vllm",)
+MAX_MODEL_LEN = 1024
+# Worker budget: start-up and load per engine, then generation (CPU, batch 1, fp32), generously.
+START_SECONDS, TOKEN_SECONDS = 240, 1.0
+
+
+def vllm_spec(draft_dir: str | Path, k: int) -> dict[str, Any]:
+    """vLLM's speculative_config for an EAGLE-3 draft folder (the method is never left to detection)."""
+    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
+
+
+def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: int) -> list[list[int]]:
+    """The prompts as eyas capture and eval feed them: chat-templated token ids, too-long ones skipped."""
+    ids, _ = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, MAX_MODEL_LEN, True)
+    return [i for i in ids if i is not None]
+
+
+def engine_job(target: Target, prompts: list[list[int]], runs: list[dict[str, Any]], max_new_tokens: int
+               ) -> dict[str, Any]:
+    return {"target": str(target.path), "prompts": prompts, "max_new_tokens": max_new_tokens,
+            "max_model_len": MAX_MODEL_LEN, "runs": runs}
+
+
+def timeout_for(runs: int, prompts: int, max_new_tokens: int) -> float:
+    return runs * (START_SECONDS + TOKEN_SECONDS * prompts * max_new_tokens)
+
+
+def _statements(view: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each thing eyas's consumer view says about vLLM, against what the engine did."""
+    w = run.get("wiring") or {}
+    out = [{"statement": "loads", "eyas": view["loads"], "engine": run["loaded"]}]
+    if run["loaded"] and view["loads"]:
+        shared = "draft's own" if w.get("has_own_embed_tokens") else "shares target's"  # see compare._embeddings
+        out += [{"statement": "capture_layers", "eyas": view["capture_layers"], "engine": w.get("aux_layers")},
+                {"statement": "norm_before_residual", "eyas": view["norm_before_residual"],
+                 "engine": w.get("norm_before_residual")},
+                *({"statement": f, "eyas": v, "engine": w.get(f)} for f, v in (view["norm_flags"] or {}).items()),
+                {"statement": "embeddings", "eyas": view["embeddings"], "engine": shared}]
+    for s in out:
+        s["holds"] = s["eyas"] == s["engine"]
+    return out
+
+
+def _explain(report: dict[str, Any], view: dict[str, Any]) -> list[str]:
+    """Why served and predicted disagree, most telling first."""
+    out = [f"wiring: {d}" for d in report["wiring"]["differences"]]
+    for t in report["positions"]:
+        if not t["within_noise"]:
+            out.append(f"acceptance at position {t['position']}: served {t['served']:.3f}, eyas predicts "
+                       f"{t['predicted']:.3f} (z = {t['z']:.1f}, beyond the noise of this many drafts)")
+    said = [text_of(m) for m in view["mismatches"]] + [n for n in view["notes"] if "no layer ids" in n or "absent" in n]
+    if said:
+        out.append("eyas check predicted for vLLM: " + "; ".join(said))
+    wrong = [s for s in report["consumer_view"] if not s["holds"]]
+    if wrong:
+        version = report["engine_version"]
+        out.append("eyas's consumer view was wrong here: " + "; ".join(
+            f"{s['statement']}: eyas said {s['eyas']}, vLLM {version} did {s['engine']}" for s in wrong))
+    if report.get("predicted") is None:
+        out.append("eyas could not run the draft itself, so only the engine's side is reported")
+    return out
+
+
+def _doctor(draft_dir: Path, target: Target, dump: Path, progress: bool) -> dict[str, Any]:
+    """The doctor's dump analysis: which target states the engine fed, as findings with fixes."""
+    from eyas.doctor import diagnose
+
+    rep = diagnose(draft_dir, target=target.path, features=dump, progress=progress)
+    found = [f for f in rep["findings"] if f.get("source") == "engine dump"]
+    return {"chunks": (rep.get("dump") or {}).get("chunks"),
+            "findings": [{"fault": f["fault"], "title": f["title"], "fix": f["fix"]} for f in found]}
+
+
+def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[str, Any], k: int, *,
+           engine_version: str, dump: Path | None, doctor: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Served against predicted for one engine run of `draft_dir` (see the module docstring)."""
+    rep = check_checkpoint(draft_dir, target=target.path)
+    ckpt = rep.checkpoint
+    view = consumers(ckpt)["vllm"]
+    report: dict[str, Any] = {
+        "engine": "vllm", "engine_version": engine_version, "drafter": str(draft_dir), "target": str(target.path),
+        "loaded": run["loaded"], "error": run["error"], "draft_tokens": k, "sequences": len(prompts),
+        "tokens": sum(len(o) for o in run.get("outputs") or []), "served": None, "predicted": None,
+        "agree": False, "positions": [], "drafts_compared": None,
+        "wiring": {"agree": False, "differences": [], "engine": run.get("wiring"), "contract": None, "dump": None},
+        "check": {"problems": [text_of(p) for p in rep.problems], "vllm": view},
+        "consumer_view": _statements(view, run), "engine_log": run.get("log", []), "explanation": [],
+    }
+    if not run["loaded"]:
+        predicted = not view["loads"]
+        report["refusal_predicted"] = predicted
+        report["explanation"] = [f"vLLM {engine_version} refused the draft: {run['error']}",
+                                 ("eyas check predicted the refusal: " + "; ".join(view["notes"])) if predicted
+                                 else "eyas check did NOT predict this refusal (its consumer view needs a fix)"]
+        return report
+    if run["error"]:
+        raise EyasError(f"vLLM loaded the draft but failed while generating: {run['error']}",
+                        "see the engine log above; report it with the draft's config")
+    n = run["counters"]
+    report["served"] = rates(n["accepted_per_pos"][:k], n["num_drafts"])
+    c = ckpt.contract  # no layer ids: eyas captures the engines' default, as `eyas eval` does
+    layers = list(c.capture_layers or default_capture_layers(target.num_layers))
+    dump_result = None
+    try:
+        drafter = load_drafter(draft_dir, target=target.path, dtype=torch.float32)
+        pred = predict(drafter, target, layers, prompts, run["outputs"], k)
+        report["predicted"] = rates(pred.accepted_by_position, pred.drafts)
+        report["predicted"]["token_mismatches"] = f"{pred.token_mismatches} of {pred.tokens_compared}"
+        report["drafts_compared"] = compare_drafts(pred, run["drafts"], prompts, k)
+        acc_ok, report["positions"] = acceptance_agreement(report["served"], report["predicted"])
+    except EyasError as e:
+        acc_ok = False
+        report["check"]["problems"].append(f"eyas cannot run the draft: {e}")
+    if dump is not None and run.get("dump_positions"):
+        from eyas.doctor import read_dump
+
+        dump_result = dump_check(*read_dump(dump), target, layers)
+    report["wiring"] = wiring_report(run.get("wiring") or {}, c, ckpt.tensors.get("d2t"), layers, dump_result)
+    if dump_result is not None and not dump_result["matches"] and doctor:
+        report["doctor"] = _doctor(draft_dir, target, dump, progress)
+    report["agree"] = acc_ok and report["wiring"]["agree"]
+    if not report["agree"]:
+        report["explanation"] = _explain(report, view)
+        for f in (report.get("doctor") or {}).get("findings", []):
+            report["explanation"].append(f"doctor (engine dump): {f['title']}; fix: {f['fix']}")
+    return report
+
+
+def serve_check(
+    drafter: str | Path | None = None,
+    *,
+    engine: str = "vllm",
+    target: str | Path | None = None,
+    prompts: str | Path = "mtbench",
+    limit: int = 10,
+    draft_tokens: int = 5,
+    max_new_tokens: int = 64,
+    dump: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Serve `drafter` (None: the draft eyas ships for the target) in `engine` on `limit` prompts and
+    compare its acceptance and wiring with eyas's prediction; `dump` also keeps what the engine fed
+    the draft on the first prompt (eyas dump format, for `eyas doctor --features`).
+
+    EyasError when the engine is not installed (before anything is loaded) or cannot run at all; a
+    draft the engine refuses gives `loaded: false` with the engine's message.
+    """
+    if engine not in ENGINES:
+        raise EyasError(f"engine {engine!r} cannot serve drafts here; serve-check runs {', '.join(ENGINES)}",
+                        "llama.cpp's reading of a draft is in `eyas inspect` (its converter runs in the tests)")
+    if draft_tokens < 1 or limit < 1 or max_new_tokens < 2:
+        raise EyasError("--draft-tokens and --limit must be >= 1 and --max-new-tokens >= 2", "pass positive sizes")
+    t0 = time.perf_counter()
+    engine_python("vllm")  # not installed: say so before loading anything
+    draft_dir = resolve_drafter(drafter, target).resolve()
+    tgt = Target.load(resolve_target(target), dtype=torch.float32)
+    ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
+    if not ids:
+        raise EyasError(f"no prompt of {prompts} fits {MAX_MODEL_LEN} tokens with {max_new_tokens} new ones",
+                        "use shorter prompts or fewer new tokens")
+    with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
+        dump_path = Path(tmp, "dump.safetensors")  # the worker writes here; copied atomically to `dump`
+        run = {"name": draft_dir.name, "speculative_config": vllm_spec(draft_dir, draft_tokens), "dump": str(dump_path)}
+        result = run_vllm(engine_job(tgt, ids, [run], max_new_tokens),
+                          timeout=timeout_for(1, len(ids), max_new_tokens), progress=progress)
+        t1 = time.perf_counter()
+        taken = dump_path.is_file()
+        report = assess(draft_dir, tgt, ids, result["runs"][0], draft_tokens, engine_version=result["version"],
+                        dump=dump_path if taken else None, progress=progress)
+        if dump and taken:
+            write_bytes(dump, dump_path.read_bytes())
+    report.update(prompts=str(prompts), max_new_tokens=max_new_tokens, dump_path=str(dump) if dump and taken else None,
+                  seconds={"engine": round(t1 - t0, 1), "eyas": round(time.perf_counter() - t1, 1),
+                           "total": round(time.perf_counter() - t0, 1)})
+    return report
+
+
+def serve_check_many(drafts: dict[str, Path], *, target: str | Path | None = None, prompts: str | Path = "mtbench",
+                     limit: int = 2, draft_tokens: int = 5, max_new_tokens: int = 24, doctor: Container[str] = (),
+                     progress: bool = True) -> dict[str, dict[str, Any]]:
+    """`serve_check` for several drafts with ONE engine worker (one `vllm.LLM` per draft, in turn): the
+    interpreter and vLLM import once. Reports by name; dumps are always taken, the doctor runs only
+    for the names in `doctor` (it costs a diagnosis per draft whose dump does not match)."""
+    engine_python("vllm")
+    tgt = Target.load(resolve_target(target), dtype=torch.float32)
+    ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
+    with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
+        runs = [{"name": name, "speculative_config": vllm_spec(Path(d).resolve(), draft_tokens),
+                 "dump": str(Path(tmp, f"{name}.safetensors"))} for name, d in drafts.items()]
+        result = run_vllm(engine_job(tgt, ids, runs, max_new_tokens),
+                          timeout=timeout_for(len(runs), len(ids), max_new_tokens), progress=progress)
+        out = {}
+        for (name, d), run in zip(drafts.items(), result["runs"]):
+            dump = Path(tmp, f"{name}.safetensors")
+            out[name] = assess(Path(d).resolve(), tgt, ids, run, draft_tokens, engine_version=result["version"],
+                               dump=dump if dump.is_file() else None, doctor=name in doctor, progress=progress)
+    return out
+
+
+def _row(name: str, r: dict[str, Any] | None) -> str:
+    if r is None or r["mean_acceptance_length"] is None:
+        return f"  {name:<18} -"
+    pos = " ".join(f"{x:.3f}" for x in r["acceptance_by_position"])
+    return f"  {name:<18} {r['mean_acceptance_length']:.3f}   {pos}   ({r['drafts']} drafts)"
+
+
+def format_serve_check(report: dict[str, Any]) -> str:
+    """The report as text: served against predicted, the verdict, the wiring, and why they disagree."""
+    lines = [f"serve-check: {report['drafter']} on {report['target']}, vLLM {report['engine_version']}, "
+             f"k={report['draft_tokens']}, {report['sequences']} prompts, {report['tokens']} tokens generated"]
+    if not report["loaded"]:
+        lines.append("loaded: no")
+    else:
+        lines += ["                     mean acc. length  acceptance by position",
+                  _row("served (vLLM)", report["served"]), _row("predicted (eyas)", report["predicted"])]
+        dc = report["drafts_compared"]
+        if dc and dc["drafts"]:
+            lines.append(f"  the engine's drafts against eyas's at the same {dc['drafts']} chain starts: first token "
+                         f"the same {dc['first_token_same']:.0%}, accepted length the same "
+                         f"{dc['accepted_length_same']:.0%}")
+        w = report["wiring"]
+        lines.append("wiring: as the contract says" if w["agree"] else "wiring: differs from the contract")
+    lines.append(f"agree: {'yes' if report['agree'] else 'no'}")
+    lines += [f"  - {e}" for e in report["explanation"]]
+    if report.get("dump_path"):
+        lines.append(f"dump: {report['dump_path']} (eyas doctor DRAFT --features {report['dump_path']})")
+    return "\n".join(lines)

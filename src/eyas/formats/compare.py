@@ -1,0 +1,108 @@
+"""A folder's config files: which exist, which one defines the contract, and where they disagree.
+
+Training pipelines export several configs side by side (`config.json`, `config_speculators.json`,
+`config_eagle.json`). All are read; one is used (speculators first: its layer ids are unambiguous);
+every field two files state differently is a finding graded by what it changes. Capture layers,
+norm flags, dimensions, vocab and rope change what the draft computes: a problem. The context length,
+an epsilon equal to 6 significant digits, or the recorded verifier do not: a warning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eyas.codes import finding
+from eyas.errors import FormatError
+from eyas.formats.parse import Parsed
+from eyas.formats.schema import CONFIG_NAMES, NORM_FLAGS
+
+_DIMS = (
+    "layer_type",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "num_hidden_layers",
+    "hidden_act",
+    "attention_bias",
+    "target_hidden_size",
+)
+# contract field (as the parsers name it) -> the code of a disagreement on it
+DISAGREEMENT_CODES: dict[str, str] = {
+    "capture_layers": "config_files_disagree_capture_layers",
+    **{f: "config_files_disagree_norm_flags" for f in NORM_FLAGS},
+    **{f: "config_files_disagree_dims" for f in _DIMS},
+    "vocab_size": "config_files_disagree_vocab",
+    "draft_vocab_size": "config_files_disagree_vocab",
+    "rope_theta": "config_files_disagree_rope",
+    "rope_scaling": "config_files_disagree_rope",
+    "rms_norm_eps": "config_files_disagree_eps",
+    "max_position_embeddings": "config_files_disagree_context",
+    "verifier_name": "config_files_disagree_verifier",
+    "verifier_architectures": "config_files_disagree_verifier",
+}
+_EPS_DIGITS = 6  # epsilons equal to this many significant digits are the same number, printed differently
+
+
+def config_paths(path: Path) -> dict[str, Path]:
+    """The config files to read: `path` itself when it is a file, else every known name in the folder."""
+    if path.is_file():
+        return {path.name: path}
+    if not path.is_dir():
+        raise FormatError(f"{path}: no such file or folder", "pass a draft folder or a draft config .json file")
+    found = {n: path / n for n in CONFIG_NAMES if (path / n).is_file()}
+    if not found:
+        raise FormatError(
+            f"{path}: no config file (looked for {', '.join(CONFIG_NAMES)})",
+            "a draft folder needs its config.json next to the weights",
+        )
+    return found
+
+
+def choose_config(files: dict[str, str]) -> tuple[str, str]:
+    """Which config file defines the contract when a folder holds several, and why."""
+    if len(files) == 1:
+        return next(iter(files)), "the only config file"
+    spec = [n for n in files if files[n] == "speculators"]
+    name = spec[0] if spec else "config.json" if "config.json" in files else next(iter(files))
+    return name, "speculators format (its layer ids are unambiguous)" if spec else "what engines read"
+
+
+def agreement(files: dict[str, str], used: str, disagreements: list[dict[str, str]]) -> str:
+    """How the other config files relate to the one used, for `Checkpoint.reason`."""
+    others = [n for n in files if n != used]
+    if not others:
+        return ""
+    if not disagreements:
+        return f"; agrees with {', '.join(others)}"
+    return f"; {', '.join(others)} disagree{'s' if len(others) == 1 else ''} on " + ", ".join(
+        dict.fromkeys(d["field"] for d in disagreements)
+    )
+
+
+def disagreements(parsed: dict[str, Parsed], used: str, conv: str | None) -> list[dict[str, str]]:
+    """Every field that another config file states differently from `used`, as a graded finding."""
+    ref, out = parsed[used], []
+    for name, p in parsed.items():
+        if name == used:
+            continue
+        for key in sorted(set(p.fields) & set(ref.fields)):
+            if key in p.assumed or key in ref.assumed or p.fields[key] == ref.fields[key]:
+                continue
+            a, b = p.fields[key], ref.fields[key]
+            if key in ("verifier_name", "verifier_architectures") and not (a and b):
+                continue
+            hint = f"fix the wrong file, or delete it (eyas prefers {used})"
+            if key == "capture_layers" and conv is None:
+                hint += "; if the eagle ids use another convention, pass --layer-convention input|output"
+            text = f"{name} and {used} disagree on {key}: {a!r} ({p.origin[key]}) vs {b!r} ({ref.origin[key]})"
+            out.append(finding(_code(key, a, b), key, text, hint))
+    return out
+
+
+def _code(key: str, a: Any, b: Any) -> str:
+    if key == "rms_norm_eps" and f"{a:.{_EPS_DIGITS}g}" == f"{b:.{_EPS_DIGITS}g}":
+        return "config_files_disagree_eps_rounding"
+    return DISAGREEMENT_CODES[key]

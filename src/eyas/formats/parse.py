@@ -1,0 +1,365 @@
+"""One draft config file read into `DraftContract` keywords, with where each value came from.
+
+Each format has its own reader: `parse_speculators`, `parse_eagle` (eyas.formats.schema.detect_format
+says which applies).
+What a file leaves unsaid is assumed (and marked so, for comparing files); what it says in a way
+some consumer reads differently is a warning finding. Nothing here imports or runs code from a
+checkpoint (`auto_map` is ignored).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eyas.codes import finding
+from eyas.contract import IDS, LAYER_TYPES, default_capture_layers
+from eyas.errors import FormatError
+from eyas.formats.schema import NORM_FLAGS
+from eyas.formats.values import (
+    flag,
+    layer_count,
+    layer_ids,
+    positive,
+    refuse,
+    rope_base,
+    rope_dict,
+    show,
+    size,
+    text,
+    texts,
+)
+
+_REQUIRED = object()
+Check = Callable[[str, str, Any], Any]  # (file, field, value) -> the value as eyas uses it, or FormatError
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """A config file as a dict; malformed, empty or non-object JSON is a FormatError naming the file."""
+    path = Path(path)
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise FormatError(
+            f"{path}: cannot read the file ({e})", "check the path and that it is a text JSON file"
+        ) from None
+    if not content.strip():
+        raise FormatError(f"{path}: the file is empty, expected a JSON object", "export the config again")
+    try:
+        cfg = json.loads(content)
+    except json.JSONDecodeError as e:
+        raise FormatError(
+            f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}",
+            "fix the JSON syntax at that position (a trailing comma or a missing quote is typical)",
+        ) from None
+    except (ValueError, RecursionError) as e:  # JSON Python will not hold: a 5000-digit integer, deep nesting
+        raise FormatError(f"{path}: unreadable JSON ({type(e).__name__}: {str(e)[:100]})",
+                          "a config holds plain numbers and shallow objects: export it again") from None
+    if not isinstance(cfg, dict):
+        raise FormatError(
+            f"{path}: top level is a JSON {type(cfg).__name__}, expected an object",
+            "a config file is one JSON object {...}",
+        )
+    return cfg
+
+
+@dataclass
+class Parsed:
+    """One config file read into DraftContract keywords, with provenance."""
+
+    file: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)
+    assumed: set[str] = field(default_factory=set)  # fields the file does not state
+    warnings: list[dict[str, str]] = field(default_factory=list)  # findings, severity "warning"
+
+    def read(self, src: dict, key: str, check: Check, *, where: str = "", default: Any = _REQUIRED) -> Any:
+        """src[key] passed through `check` (eyas.formats.values), stored as contract field `key` with its origin."""
+        value = src.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise FormatError(f"{self.file}: field '{where}{key}' is missing", f"add {where}{key} to {self.file}")
+            self.fields[key], self.origin[key] = default, f"default {default!r} ({where}{key} not in {self.file})"
+            self.assumed.add(key)
+            return default
+        value = check(self.file, where + key, value)
+        self.fields[key], self.origin[key] = value, f"{self.file}: {where}{key}"
+        self.assumed.discard(key)
+        return value
+
+    def set(self, to: str, value: Any, origin: str, *, assumed: bool = False) -> None:
+        self.fields[to], self.origin[to] = value, origin
+        if assumed:
+            self.assumed.add(to)
+        else:
+            self.assumed.discard(to)
+
+    def warn(self, code: str, field_: str, text: str, fix: str) -> None:
+        self.warnings.append(finding(code, field_, text, fix))
+
+
+def _layer_ids(p: Parsed, src: dict, where: str) -> list[int] | None:
+    """A non-empty list of layer ids, or None when absent/empty."""
+    ids = src.get(IDS)
+    if ids is None or ids == []:
+        return None
+    return layer_ids(p.file, where + IDS, ids)
+
+
+def _read_dims(p: Parsed, src: dict, where: str) -> None:
+    """The decoder layer's dims and rope, shared by both formats (top level or transformer_layer_config)."""
+    hidden = p.read(src, "hidden_size", size, where=where)
+    heads = p.read(src, "num_attention_heads", size, where=where)
+    kv = p.read(src, "num_key_value_heads", size, where=where, default=heads)
+    if heads % kv:  # each key/value head serves a whole group of query heads
+        raise refuse(p.file, f"{where}num_key_value_heads", kv, f"a divisor of num_attention_heads {heads}")
+    if src.get("head_dim") is None and heads > hidden:  # the default head_dim would be 0
+        raise refuse(p.file, f"{where}num_attention_heads", heads, f"at most hidden_size {hidden}, or a head_dim")
+    p.read(src, "head_dim", size, where=where, default=hidden // heads)
+    p.read(src, "intermediate_size", size, where=where)
+    p.read(src, "vocab_size", size, where=where)
+    p.read(src, "num_hidden_layers", layer_count, where=where, default=1)
+    p.read(src, "rms_norm_eps", positive, where=where, default=1e-6)
+    p.read(src, "max_position_embeddings", size, where=where, default=2048)
+    p.read(src, "hidden_act", text, where=where, default="silu")
+    p.read(src, "attention_bias", flag, where=where, default=False)
+    _read_rope(p, src, where)
+
+
+def _read_rope(p: Parsed, src: dict, where: str) -> None:
+    """rope_theta / rope_scaling (transformers 4) or rope_parameters (transformers 5); None when absent."""
+    params = src.get("rope_parameters")
+    params = {} if params is None else rope_dict(p.file, f"{where}rope_parameters", params)
+    p_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    p_type = p_scaling.get("rope_type", p_scaling.get("type", "default"))
+    if p_type == "default" and set(p_scaling) <= {"rope_type", "type"}:
+        p_scaling = {}  # plain rope: no scaling
+    theta = p.read(src, "rope_theta", rope_base, where=where, default=None)
+    if theta is None and params.get("rope_theta") is not None:
+        theta = float(params["rope_theta"])
+        p.set("rope_theta", theta, f"{p.file}: {where}rope_parameters.rope_theta")
+    elif theta is not None and params.get("rope_theta") not in (None, theta):
+        p.warn(
+            "rope_theta_conflict",
+            f"{where}rope_parameters.rope_theta",
+            f"{p.file}: {where}rope_theta {theta} and rope_parameters.rope_theta {params['rope_theta']} differ; "
+            "eyas uses rope_theta",
+            "make them agree: transformers 5 reads rope_parameters, transformers 4 rope_theta",
+        )
+    scaling = src.get("rope_scaling")
+    if scaling is not None:
+        scaling = rope_dict(p.file, f"{where}rope_scaling", scaling)
+    if scaling:
+        p.set("rope_scaling", scaling, f"{p.file}: {where}rope_scaling")
+    elif p_scaling:
+        p.set("rope_scaling", p_scaling, f"{p.file}: {where}rope_parameters")
+    else:
+        p.set(
+            "rope_scaling", None, f"none ({where}rope_scaling absent)", assumed="rope_scaling" not in src and not params
+        )
+
+
+def _default_capture(p: Parsed, n_target: int | None, where: str) -> None:
+    """No layer ids in the file: engines fall back to (2, N//2, N-3) of the target they serve."""
+    fix = f"write {where}{IDS}: the layers the draft was trained on"
+    if n_target is not None:
+        ids = list(default_capture_layers(n_target))
+        p.set(
+            "capture_layers",
+            ids,
+            f"assumed: engines' default (2, N//2, N-3) for a {n_target}-layer target",
+            assumed=True,
+        )
+        text = (
+            f"{p.file}: names no capture layers ({where}{IDS}); assuming the engines' default {ids} for a "
+            f"{n_target}-layer target"
+        )
+    else:
+        p.set("capture_layers", None, "not recorded", assumed=True)
+        text = (
+            f"{p.file}: names no capture layers ({where}{IDS}); engines will use (2, N//2, N-3) of whatever "
+            "target they serve (pass --target to resolve N)"
+        )
+    p.warn("layer_ids_absent", f"{where}{IDS}", text, fix)
+
+
+def parse_speculators(cfg: dict, file: str, n_target: int | None) -> Parsed:
+    """A speculators config: the layer in `transformer_layer_config`, ids and flags at the top level."""
+    p = Parsed(file)
+    if cfg.get("speculators_model_type") != "eagle3":
+        raise FormatError(
+            f"{file}: field 'speculators_model_type' is {cfg.get('speculators_model_type')!r}, expected 'eagle3'",
+            "eyas reads EAGLE-3 speculators only (not mtp, dflash, ...)",
+        )
+    tlc = cfg.get("transformer_layer_config")
+    if not isinstance(tlc, dict):
+        raise FormatError(
+            f"{file}: field 'transformer_layer_config' is missing or not an object",
+            "a speculators config nests the draft layer's HF config there",
+        )
+    where = "transformer_layer_config."
+    mt = tlc.get("model_type")
+    if mt is None:
+        p.set("layer_type", "llama", f"assumed llama ({where}model_type absent)", assumed=True)
+        p.warn(
+            "layer_type_absent",
+            f"{where}model_type",
+            f"{file}: {where}model_type is absent; eyas (and vLLM) read a llama layer, but speculators itself "
+            "parses it as qwen3: write model_type",
+            f'add "model_type": "llama" to {where[:-1]} (eyas convert DIR OUT --format speculators writes it)',
+        )
+    elif mt in LAYER_TYPES:
+        p.set("layer_type", mt, f"{file}: {where}model_type")
+    else:
+        raise FormatError(
+            f"{file}: field '{where}model_type' is {mt!r}, expected one of {list(LAYER_TYPES)}",
+            "eyas reads drafts with one llama or qwen3 layer type",
+        )
+    _read_dims(p, tlc, where)
+    _read_architectures(p, cfg)
+    p.read(cfg, "draft_vocab_size", size, default=32000)  # speculators' own default
+    p.read(cfg, "target_hidden_size", size, default=p.fields["hidden_size"])
+    ids = _layer_ids(p, cfg, "")
+    if ids is None:
+        _default_capture(p, n_target, "")
+    else:
+        p.set("capture_layers", ids, f"{file}: {IDS} (capture indices)")
+    for norm in NORM_FLAGS:
+        p.read(cfg, norm, flag, default=False)
+    if "norm_before_residual" not in cfg:
+        p.warn(
+            "norm_before_residual_absent",
+            "norm_before_residual",
+            f"{file}: norm_before_residual is absent; speculators reads False but vLLM's speculators path uses "
+            "True: write it",
+            "write norm_before_residual explicitly (eyas convert writes every norm flag)",
+        )
+    _speculators_verifier(p, cfg)
+    return p
+
+
+def _speculators_verifier(p: Parsed, cfg: dict) -> None:
+    sc = cfg.get("speculators_config")
+    ver = sc.get("verifier") if isinstance(sc, dict) else None
+    if not isinstance(ver, dict):
+        raise FormatError(
+            f"{p.file}: field 'speculators_config.verifier' is missing or not an object",
+            'add "verifier": {"name_or_path": ..., "architectures": [...]}',
+        )
+    _read_verifier(p, ver, "speculators_config.verifier.")
+
+
+def _read_architectures(p: Parsed, cfg: dict) -> None:
+    """The config's own `architectures` (engines pick a draft class by it): a list of names, when present."""
+    if cfg.get("architectures") is not None:
+        texts(p.file, "architectures", cfg["architectures"])
+
+
+def _read_verifier(p: Parsed, ver: dict, where: str) -> None:
+    """The recorded verifier: a name (hub id or path) and its architectures, each optional."""
+    name, archs = ver.get("name_or_path"), ver.get("architectures")
+    p.set("verifier_name", None if name is None else text(p.file, f"{where}name_or_path", name),
+          f"{p.file}: {where}name_or_path")
+    p.set("verifier_architectures", () if archs is None else texts(p.file, f"{where}architectures", archs),
+          f"{p.file}: {where}architectures")
+
+
+def parse_eagle(cfg: dict, file: str, n_target: int | None, layer_convention: str | None) -> Parsed:
+    """A flat LlamaForCausalLMEagle3 config: flags at the top level or in `eagle_config` (never both, differing)."""
+    p = Parsed(file)
+    mt = cfg.get("model_type", "llama")
+    if mt not in LAYER_TYPES:
+        raise FormatError(
+            f"{file}: field 'model_type' is {mt!r}, expected one of {list(LAYER_TYPES)}",
+            "eyas reads drafts with one llama or qwen3 layer type",
+        )
+    p.set(
+        "layer_type",
+        mt,
+        f"{file}: model_type" if "model_type" in cfg else "assumed llama (model_type absent)",
+        assumed="model_type" not in cfg,
+    )
+    _read_dims(p, cfg, "")
+    _read_architectures(p, cfg)
+    p.read(cfg, "draft_vocab_size", size, default=p.fields["vocab_size"])
+    p.read(cfg, "target_hidden_size", size, default=p.fields["hidden_size"])
+    ec = cfg.get("eagle_config")
+    if ec is None:
+        ec = {}
+    elif not isinstance(ec, dict):
+        raise refuse(file, "eagle_config", ec, "an object")
+    for norm in NORM_FLAGS:
+        top, nested = cfg.get(norm), ec.get(norm)
+        if top is not None and nested is not None and top != nested:
+            raise FormatError(
+                f"{file}: field '{norm}' is {show(top)} but 'eagle_config.{norm}' is {show(nested)}",
+                f"make {norm} agree in both places",
+            )
+        p.read(
+            cfg if top is not None else ec,
+            norm,
+            flag,
+            where="" if top is not None or nested is None else "eagle_config.",
+            default=False,
+        )
+    if ec.get("use_aux_hidden_state") is not None:
+        flag(file, "eagle_config.use_aux_hidden_state", ec["use_aux_hidden_state"])
+    if ec.get("use_aux_hidden_state") is False:
+        p.warn(
+            "fc_skipped",
+            "eagle_config.use_aux_hidden_state",
+            f"{file}: eagle_config.use_aux_hidden_state is false: vLLM then skips fc and feeds the target's last "
+            "hidden state, not an EAGLE-3 draft's input; set it to true",
+            f"in {file} set eagle_config.use_aux_hidden_state = true",
+        )
+    _eagle_capture(p, cfg, ec, n_target, layer_convention)
+    ver = cfg.get("verifier")  # written by eyas; not part of the EAGLE schema
+    if ver is None:
+        p.set("verifier_name", None, "not recorded", assumed=True)
+        p.set("verifier_architectures", (), "not recorded", assumed=True)
+    elif not isinstance(ver, dict):
+        raise refuse(file, "verifier", ver, 'an object {"name_or_path": ..., "architectures": [...]}')
+    else:
+        _read_verifier(p, ver, "verifier.")
+    return p
+
+
+def _nested_reading(nested: list[int], conv: str | None) -> tuple[list[int], str]:
+    """Capture indices of nested eagle_config ids under a convention (None: current SGLang's rule), and how."""
+    if conv == "input":
+        return nested, "read as capture indices (--layer-convention input)"
+    if conv == "output":
+        return [i + 1 for i in nested], "read as output-of-layer ids, +1 (--layer-convention output)"
+    read = [i + 1 for i in nested] if nested[0] == 1 else nested
+    return read, "read as current SGLang does (+1 only when the first id is 1)"
+
+
+def _eagle_capture(p: Parsed, cfg: dict, ec: dict, n_target: int | None, conv: str | None) -> None:
+    """Capture layers of an eagle config: top-level ids are capture indices; nested ones are ambiguous."""
+    top, nested = _layer_ids(p, cfg, ""), _layer_ids(p, ec, "eagle_config.")
+    read, how = _nested_reading(nested, conv) if nested is not None else (None, "")
+    if top is not None:
+        p.set("capture_layers", top, f"{p.file}: {IDS} (top level, capture indices as vLLM reads them)")
+        if nested is not None and read != top:
+            p.warn(
+                "layer_ids_top_nested_differ",
+                f"eagle_config.{IDS}",
+                f"{p.file}: top-level {IDS} {top} (vLLM) and eagle_config.{IDS} {nested} ({how}: {read}; SGLang) "
+                "name different layers; eyas uses the top-level ones",
+                "write the layers the draft was trained on in both places (eyas convert DIR OUT --format eagle)",
+            )
+    elif nested is not None:
+        p.set("capture_layers", read, f"{p.file}: eagle_config.{IDS} {nested} {how}")
+        if conv is None:
+            p.warn(
+                "layer_ids_convention_assumed",
+                f"eagle_config.{IDS}",
+                f"{p.file}: eagle_config.{IDS} {nested} {how} -> capture {read}; legacy SGLang and SpecForge "
+                "add 1 always, vLLM ignores these ids; pass --layer-convention input|output to override",
+                f"write the capture indices as a top-level {IDS} too (vLLM reads them; eyas convert does)",
+            )
+    else:
+        _default_capture(p, n_target, "eagle_config.")

@@ -1,0 +1,211 @@
+"""Reading a draft checkpoint (folder or lone config file) into a `Checkpoint`: contract, provenance, tensors.
+
+Unreadable input (a config that is not JSON or of neither format, weights that cannot be read)
+always raises a FormatError. A readable checkpoint that contradicts itself (tensors against its
+config, no weights) raises with `strict` and is listed in `Checkpoint.problems` without it. Config
+files that disagree never raise: the contract comes from one of them (`config_used`, `reason`) and
+each disagreement is a finding, a problem or a warning by what it changes (eyas.formats.compare).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.codes import finding, prefixed
+from eyas.contract import DraftContract, Verifier, target_facts
+from eyas.errors import ContractError, EyasError, FormatError
+from eyas.formats.compare import agreement, choose_config, config_paths, disagreements
+from eyas.formats.parse import Parsed, load_json, parse_eagle, parse_speculators
+from eyas.formats.schema import LAYER_CONVENTIONS, detect_format
+from eyas.formats.validate import tensor_problems
+from eyas.weights import find_weights, read_tensors, to_canonical, weight_files, weight_naming
+
+
+@dataclass
+class Checkpoint:
+    """A draft checkpoint as read from disk: its contract, where each fact came from, its tensors."""
+
+    path: Path
+    contract: DraftContract
+    files: dict[str, str]  # config file name -> "speculators" | "eagle"
+    config_used: str  # the file the contract was taken from
+    reason: str  # why that file, and how the others relate to it
+    origin: dict[str, str]  # contract field -> how it was derived
+    tensors: dict[str, torch.Tensor]  # canonical names; empty when not loaded
+    weight_files: list[str]
+    warnings: list[dict[str, str]]  # findings (eyas.codes), severity "warning"
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # raw JSON, per file
+    weight_naming: str | None = None  # "eagle" (midlayer.*) or "speculators" (layers.0.*) on disk
+    tensors_loaded: bool = False  # False: config only, load_tensors=False, or no weights (strict=False)
+    # findings, severity "problem": the config files' disagreements that change the draft, plus (strict=False
+    # only) what strict would raise
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def config_path(self) -> Path:
+        """The config file the contract was taken from (what an error about the contract names)."""
+        return self.path if self.path.is_file() else self.path / self.config_used
+
+    @property
+    def disagreements(self) -> list[dict[str, str]]:
+        """Where the folder's config files state different values, problems first."""
+        return [f for f in self.problems + self.warnings if f["code"].startswith("config_files_disagree")]
+
+
+class _Issues:
+    """Problems that make a checkpoint unusable: raised at once (strict) or collected (for `eyas check`)."""
+
+    def __init__(self, strict: bool):
+        self.strict, self.problems = strict, []
+
+    def add(self, err: type[EyasError], problem: dict[str, str]) -> None:
+        if self.strict:
+            raise err(problem["problem"], problem["fix"])
+        self.problems.append(problem)
+
+
+def read_checkpoint(
+    path: str | Path,
+    *,
+    layer_convention: str | None = None,
+    verifier_config: dict | None = None,
+    load_tensors: bool = True,
+    strict: bool = True,
+) -> Checkpoint:
+    """Read a draft folder (or a single config .json) into a Checkpoint.
+
+    `verifier_config`: the target's config.json contents, used for the target depth (default capture
+    layers) and verifier facts. `strict=False` collects problems that would otherwise raise (missing
+    weights, tensors that contradict the config) in `Checkpoint.problems`; unreadable configs or
+    weights always raise, disagreeing config files never do.
+    """
+    if layer_convention not in (None, *LAYER_CONVENTIONS):
+        raise ValueError(f"layer_convention must be one of {LAYER_CONVENTIONS} or None, got {layer_convention!r}")
+    path = Path(path)
+    facts = target_facts(verifier_config) if verifier_config else {}
+    parsed, files, configs = _parse_files(path, facts.get("num_hidden_layers"), layer_convention)
+    used, why = choose_config(files)
+    disagree = disagreements(parsed, used, layer_convention)
+    issues = _Issues(strict)
+    p = parsed[used]
+    origin = dict(p.origin)
+    warnings = [w for q in parsed.values() for w in q.warnings] + [d for d in disagree if "warning" in d]
+    loaded = _load_tensors(path, issues) if path.is_dir() and load_tensors else None
+    if path.is_file():
+        warnings.append(
+            finding(
+                "tensors_not_checked",
+                "weights",
+                f"{path.name} is a config file: tensor checks skipped (pass the folder to check the weights)",
+                "pass the draft folder instead of its config file",
+            )
+        )
+    tensors, wfiles, naming = loaded or ({}, [], None)
+    if loaded:
+        origin["weight_naming"] = f"{wfiles[0]}: " + ("midlayer.*" if naming == "eagle" else "layers.0.*")
+    contract = _build_contract(p, tensors if loaded else None, facts, origin)
+    if loaded:
+        against = f"{path / wfiles[0]} (checked against {used}): "  # either file may be the wrong one
+        for prob in tensor_problems(contract, tensors):
+            issues.add(ContractError, prefixed(prob, against))
+    return Checkpoint(
+        path=path,
+        contract=contract,
+        files=files,
+        config_used=used,
+        reason=why + agreement(files, used, disagree),
+        origin=origin,
+        tensors=tensors,
+        weight_files=wfiles,
+        warnings=warnings,
+        configs=configs,
+        weight_naming=naming,
+        tensors_loaded=bool(loaded),
+        problems=[d for d in disagree if "problem" in d] + issues.problems,
+    )
+
+
+def _parse_files(
+    path: Path, n_target: int | None, conv: str | None
+) -> tuple[dict[str, Parsed], dict[str, str], dict[str, dict[str, Any]]]:
+    """Every config file at `path`: parsed, its format, its raw JSON (each keyed by file name)."""
+    parsed, files, configs = {}, {}, {}
+    for name, p in config_paths(path).items():
+        cfg = load_json(p)
+        fmt = detect_format(cfg)
+        if fmt is None:
+            raise FormatError(
+                f"{p}: neither a speculators config (no 'speculators_model_type') nor an EAGLE-3 config "
+                "(no 'draft_vocab_size', 'eagle_config' or Eagle3 architecture)",
+                "a target model's config goes to --target; a draft config needs one of "
+                "those fields",
+            )
+        parsed[name] = (
+            parse_speculators(cfg, name, n_target) if fmt == "speculators" else parse_eagle(cfg, name, n_target, conv)
+        )
+        files[name], configs[name] = fmt, cfg
+    return parsed, files, configs
+
+
+def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor], list[str], str] | None:
+    """(canonical tensors, weight files, on-disk naming), or None (an issue) when the folder has no weights.
+
+    Weights that are there but cannot be read raise: that is unreadable input, not a finding.
+    """
+    if find_weights(path) is None:
+        issues.add(
+            FormatError,
+            finding(
+                "weights_missing",
+                "weights",
+                f"{path}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)",
+                "copy the weights next to the config, or pass the config .json alone to inspect the contract",
+            ),
+        )
+        return None
+    files = weight_files(path)
+    raw = read_tensors(path)
+    naming = weight_naming(raw)
+    return to_canonical(raw, naming, str(path / files[0])), files, naming
+
+
+def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[str, str]) -> DraftContract:
+    """Config fields + what only the tensors say (embeddings, vocab map, fc width) + verifier facts.
+
+    `tensors` None: not read; embeddings are then assumed absent and a reduced vocab assumed mapped.
+    """
+    f = {k: v for k, v in p.fields.items() if not k.startswith("verifier_")}
+    for k in ("verifier_name", "verifier_architectures"):
+        origin.pop(k, None)
+    if tensors is not None:
+        f["has_embeddings"] = "embed_tokens.weight" in tensors
+        f["has_vocab_map"] = "d2t" in tensors or "t2d" in tensors
+        origin["has_embeddings"] = "tensors: embed_tokens.weight " + ("present" if f["has_embeddings"] else "absent")
+        origin["has_vocab_map"] = "tensors: d2t/t2d " + ("present" if f["has_vocab_map"] else "absent")
+        fc, ht = tensors.get("fc.weight"), f["target_hidden_size"]
+        if f["capture_layers"] is None and fc is not None and fc.ndim == 2 and fc.shape[1] % ht == 0:
+            f["num_aux_layers"] = fc.shape[1] // ht
+            origin["num_aux_layers"] = "tensors: fc.weight width / target_hidden_size"
+    else:
+        f["has_embeddings"] = False
+        f["has_vocab_map"] = f["draft_vocab_size"] < f["vocab_size"]
+        origin["has_embeddings"] = "assumed absent (tensors not read)"
+        mapped = "present: reduced vocab" if f["has_vocab_map"] else "absent: full vocab"
+        origin["has_vocab_map"] = f"assumed {mapped} (tensors not read)"
+    origin.setdefault("num_aux_layers", "len(capture_layers)" if f["capture_layers"] is not None else "default 3")
+    origin["verifier"] = p.file + (" + verifier config" if facts else "")
+    verifier = Verifier(
+        name_or_path=p.fields.get("verifier_name") or facts.get("name_or_path"),
+        architectures=tuple(p.fields.get("verifier_architectures") or facts.get("architectures") or ()),
+        num_hidden_layers=facts.get("num_hidden_layers"),
+        hidden_size=facts.get("hidden_size"),
+        vocab_size=facts.get("vocab_size"),
+    )
+    try:
+        return DraftContract(**f, verifier=verifier)
+    except ContractError as e:
+        raise ContractError(f"{p.file}: {e}", e.hint) from None

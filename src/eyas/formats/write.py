@@ -1,0 +1,112 @@
+"""Writing a checkpoint folder from a contract and canonical tensors, and converting one format to another.
+
+A folder is built beside its destination (eyas.atomic.temp_folder), read back and compared with
+what was meant to be written, and only then renamed into place: on any failure nothing is left and
+a replaced folder is restored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from eyas.atomic import temp_folder, write_json
+from eyas.contract import DraftContract
+from eyas.errors import ContractError, FormatError
+from eyas.formats.emit import eagle_config, speculators_config, verifier_config_of
+from eyas.formats.read import Checkpoint, read_checkpoint
+from eyas.formats.schema import FORMATS
+from eyas.formats.validate import tensor_problems
+from eyas.weights import dtype_name, from_canonical, write_tensors
+
+
+def _check_destination(dst: Path, force: bool) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise FormatError(f"{dst}: exists and is not a folder", "choose a folder path for DST")
+    if dst.is_dir() and any(dst.iterdir()) and not force:
+        raise FormatError(f"{dst}: folder is not empty", "choose an empty or new DST, or pass --force to replace it")
+
+
+def _write(
+    dst: str | Path, contract: DraftContract, tensors: dict[str, torch.Tensor], fmt: str, force: bool
+) -> Checkpoint:
+    if fmt not in (*FORMATS, "both"):
+        raise ValueError(f"fmt must be speculators, eagle or both, got {fmt!r}")
+    dst = Path(dst).absolute()
+    _check_destination(dst, force)
+    problems = tensor_problems(contract, tensors)
+    if problems:
+        raise ContractError(problems[0]["problem"], problems[0]["fix"])
+    dtype = dtype_name(tensors)
+    configs = {"config.json": speculators_config(contract, dtype) if fmt != "eagle" else eagle_config(contract, dtype)}
+    if fmt == "both":
+        configs["config_eagle.json"] = eagle_config(contract, dtype)
+    with temp_folder(dst, replace=force) as tmp:
+        for name, cfg in configs.items():
+            write_json(tmp / name, cfg)
+        write_tensors(tmp, from_canonical(tensors, "eagle" if fmt == "eagle" else "speculators"))
+        back = read_checkpoint(tmp, verifier_config=verifier_config_of(contract))
+        _assert_same(contract, tensors, back)
+    back.path = dst
+    return back
+
+
+def _assert_same(contract: DraftContract, tensors: dict[str, torch.Tensor], back: Checkpoint) -> None:
+    """A written checkpoint reads back as the same contract and bit-identical tensors (an invariant)."""
+    if back.contract != contract:
+        diff = {
+            k: (v, back.contract.to_dict()[k]) for k, v in contract.to_dict().items() if back.contract.to_dict()[k] != v
+        }
+        raise AssertionError(f"written checkpoint reads back differently: {diff}")
+    if set(back.tensors) != set(tensors) or not all(
+        back.tensors[n].dtype == t.dtype and torch.equal(back.tensors[n], t) for n, t in tensors.items()
+    ):
+        raise AssertionError("written tensors read back differently")
+
+
+def write_checkpoint(
+    dst: str | Path, contract: DraftContract, tensors: dict[str, torch.Tensor], fmt: str, *, force: bool = False
+) -> Path:
+    """Write `contract` + canonical `tensors` as `fmt` ("speculators", "eagle" or "both") into folder `dst`.
+
+    "both" writes `config.json` (speculators) and `config_eagle.json` (eagle) next to one
+    `model.safetensors` in speculators naming. The folder is built in a temp dir beside dst, read back
+    and compared (contract and tensors), then renamed into place: on any failure nothing is left.
+    A non-empty dst is refused unless `force`.
+    """
+    return _write(dst, contract, tensors, fmt, force).path
+
+
+def convert_checkpoint(
+    src: str | Path,
+    dst: str | Path,
+    to: str,
+    *,
+    force: bool = False,
+    layer_convention: str | None = None,
+    verifier_config: dict | None = None,
+    verifier_name: str | None = None,
+) -> tuple[Checkpoint, Checkpoint]:
+    """Read `src`, write it losslessly as `to` into `dst`; returns (source, written) checkpoints.
+
+    `verifier_name` replaces the recorded verifier id (what `vllm serve DIR` will load); nothing else
+    about the draft changes. Source config files that disagree on what the draft computes are
+    refused (the output would keep one file's word and drop the other's); other disagreements
+    (context length, epsilon rounding, verifier) are converted from the file eyas uses.
+    """
+    src_p, dst_p = Path(src).resolve(), Path(dst).resolve()
+    if not src_p.is_dir():
+        raise FormatError(f"{src}: not a checkpoint folder", "convert needs a folder with a config and weights")
+    if dst_p == src_p or dst_p.is_relative_to(src_p):
+        raise FormatError(f"{dst}: DST is inside SRC {src}", "write the converted checkpoint outside the source folder")
+    if src_p.is_relative_to(dst_p):
+        raise FormatError(f"{dst}: DST contains SRC {src}", "choose a DST that does not hold the source")
+    source = read_checkpoint(src_p, layer_convention=layer_convention, verifier_config=verifier_config)
+    if source.problems:  # strict reading leaves only the disagreements that change the draft here
+        raise FormatError(source.problems[0]["problem"], source.problems[0]["fix"])
+    contract = source.contract
+    if verifier_name:
+        contract = contract.replace(verifier=dataclasses.replace(contract.verifier, name_or_path=verifier_name))
+    return source, _write(dst_p, contract, source.tensors, to, force)

@@ -1,0 +1,174 @@
+"""`eyas generate`: answer one chat prompt with speculative decoding, streaming the text.
+
+`run_generate` applies the target's chat template, decodes with `eyas.decode.generate` and writes
+the answer as tokens are accepted (`TextStream` holds back a character split across tokens).
+Without a shape it uses the fastest one a sweep recorded for this machine (eyas.draft_shape), or
+the target alone where that sweep found nothing faster; `dtype="auto"` decodes in the dtype measured
+fastest here (eyas.dtype_choice). Every round's tree also carries an n-gram branch (text copied from
+the context, eyas.decode.ngram). `chat_ids`, `load_models` and `choose_shape` are shared with
+`eyas bench`, which must decode exactly the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from eyas.data import Prompt, encode_prompts, eos_ids
+from eyas.decode import DEFAULT_DRAFT_TOKENS, generate
+from eyas.draft_shape import decode_shape, parse_tree, read_best_shape, shape_label
+from eyas.drafter import Drafter
+from eyas.drafter_loading import load_drafter
+from eyas.dtype_choice import DECODE_DTYPES, resolve_dtype
+from eyas.dtypes import short_name
+from eyas.target import Target
+
+__all__ = ["DECODE_DTYPES", "NGRAM_TOKENS", "TARGET_ALONE", "TextStream", "chat_ids", "choose_shape",
+           "format_generate", "load_models", "run_generate"]
+
+NGRAM_TOKENS = 8  # tokens an n-gram branch proposes per round in `eyas generate` / `eyas bench`
+TARGET_ALONE = "target alone: no shape beat it on this machine"  # the shape source when a sweep said so
+
+
+def chat_ids(target: Target, prompt: Prompt | str, *, max_new_tokens: int) -> list[int]:
+    """The prompt as the user turn of the target's chat template, ready for the assistant's answer.
+
+    Refuses a tokenizer without a chat template, and a prompt that leaves no room for
+    `max_new_tokens` in the target's context (the error names the prompt's origin).
+    """
+    if isinstance(prompt, str):
+        prompt = Prompt(prompt, "the prompt", "<argument>")
+    limit = getattr(target.config, "max_position_embeddings", None)
+    ids, _ = encode_prompts(target, [prompt], max_new_tokens, limit, False)
+    return ids[0]
+
+
+class TextStream:
+    """Incremental detokenization for streaming: `__call__(ids)` writes the text those ids add.
+
+    Byte-level tokenizers split a multi-byte character across tokens; decoding such a prefix ends
+    in U+FFFD, so text ending that way is held back until the next tokens complete the character.
+    Decoding the whole answer every time (not token by token) keeps the spaces and merges that
+    depend on neighbouring tokens right.
+    """
+
+    def __init__(self, tokenizer, write: Callable[[str], object]):
+        self.tokenizer, self.write = tokenizer, write
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, ids: list[int]) -> None:
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            self._show(text)
+
+    def close(self) -> None:
+        """Write whatever is still held back (an answer cut inside a character ends in U+FFFD)."""
+        self._show(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+
+    def _show(self, text: str) -> None:
+        if len(text) > len(self.shown):
+            self.write(text[len(self.shown) :])
+            self.shown = text
+
+
+def load_models(
+    drafter: str | Path | None, target: str | Path | None, dtype: torch.dtype, layer_convention: str | None = None
+) -> tuple[Target, Drafter | None]:
+    """The drafter first: load_drafter checks that it fits the target's config.json (vocab, hidden
+    size, capture depth) before any weights are read, so a mismatch fails before the target loads."""
+    draft = (load_drafter(drafter, target=target, dtype=dtype, layer_convention=layer_convention)
+             if drafter is not None else None)
+    return Target.load(target, dtype=dtype), draft
+
+
+def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtype, draft_tokens: int | None,
+                 tree: tuple[int, int, int] | None) -> tuple[dict, str]:
+    """(shape, where it came from) for one generation: the one given, else the sweep's best for this
+    target / drafter / dtype / machine, else the default chain. An empty shape decodes with the
+    target alone: without a drafter, or when the sweep found no shape faster than the target alone."""
+    if draft_tokens is not None or tree is not None:  # decode refuses both, or either without a drafter
+        given = {"draft_tokens": draft_tokens, "tree": None if tree is None else list(tree)}
+        return {k: v for k, v in given.items() if v is not None}, "given"
+    if drafter is None:
+        return {}, "none"
+    cached = read_best_shape(target_name, drafter, dtype)
+    if cached is None:
+        return {"draft_tokens": DEFAULT_DRAFT_TOKENS}, "default"
+    if cached.get("beats_target") is False:
+        return {}, TARGET_ALONE
+    return cached["best"], "sweep cache"
+
+
+def run_generate(
+    drafter: str | Path | None,
+    prompt: str,
+    *,
+    draft_tokens: int | None = None,
+    tree: str | Sequence[int] | None = None,
+    ngram_tokens: int = NGRAM_TOKENS,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 256,
+    seed: int | None = None,
+    target: str | Path | None = None,
+    dtype: str | torch.dtype = "auto",
+    stream: Callable[[str], object] | None = None,
+    layer_convention: str | None = None,
+) -> dict:
+    """`eyas generate`: answer `prompt` (a user turn, chat template applied) with speculative decoding.
+
+    Stops after the template's end-of-turn token or `max_new_tokens`. `stream` receives the text as
+    tokens are accepted. Without `draft_tokens` and `tree` the shape is the best one a sweep
+    recorded for this target / drafter / dtype / machine (none, when the sweep found the target
+    alone faster), else decode's default chain. `drafter` None decodes with the target alone.
+    `ngram_tokens`: the n-gram branch's length in every round's tree (0: off). `dtype`: "auto" (the
+    dtype measured fastest for this target on this machine, eyas.dtype_choice), or bf16 / fp32 in
+    any spelling eyas.dtypes accepts. Returns the answer (`text`, `tokens`), the dtype and shape
+    used and where they came from, and decode's stats (tau, acceptance_by_depth, tokens_per_s, ...).
+    """
+    dtype, dtype_source = resolve_dtype(dtype, target)
+    tree = parse_tree(tree)
+    target_model, draft = load_models(drafter, target, dtype, layer_convention)
+    shape, source = choose_shape(target_model.name, drafter, dtype, draft_tokens, tree)
+    ids = chat_ids(target_model, prompt, max_new_tokens=max_new_tokens)
+    stops = eos_ids(target_model)
+    streamer = TextStream(target_model.tokenizer, stream) if stream is not None else None
+    alone = source == TARGET_ALONE  # the sweep timed the target alone without n-grams too
+    out, stats = generate(
+        target_model, None if alone else draft, ids, max_new_tokens=max_new_tokens,
+        ngram_tokens=0 if alone else ngram_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        stop_ids=stops, seed=seed, on_tokens=streamer, **decode_shape(shape),
+    )
+    if streamer is not None:
+        streamer.close()
+    new = out[0, len(ids) :].tolist()
+    return {
+        "text": target_model.tokenizer.decode(new, skip_special_tokens=True),
+        "tokens": new,
+        "prompt_tokens": len(ids),
+        "stopped": bool(new) and new[-1] in stops,  # False: cut by max_new_tokens
+        "drafter": None if drafter is None else str(drafter),
+        "target": target_model.name,
+        "dtype": short_name(dtype),
+        "dtype_source": dtype_source,
+        "shape": shape or None,
+        "shape_source": source,
+        "ngram_tokens": ngram_tokens,
+        "stats": stats,
+    }
+
+
+def format_generate(result: dict) -> str:
+    """The end-of-generation summary line(s) for stderr."""
+    s = result["stats"]
+    shape = (shape_label(result["shape"]) + f" ({result['shape_source']})" if result["shape"]
+             else "target alone" + (f" ({result['shape_source']})" if result["shape_source"] == TARGET_ALONE else ""))
+    acc = " ".join("-" if a is None else f"{a:.2f}" for a in s["acceptance_by_depth"]) or "-"
+    tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
+    return (f"{s['new_tokens']} tokens in {s['time_total_s']:.2f} s: {s['tokens_per_s'] or 0:.1f} tokens/s, "
+            f"{shape}, {result['dtype']}\ntau {tau}; acceptance by depth {acc}")

@@ -1,0 +1,185 @@
+"""A run's files: training checkpoints (save, find, load for --resume), the JSONL log and its curves.
+
+A checkpoint holds everything a resumed run needs to reach bit-identical weights: the config, the
+data's identity, the contract, model, optimiser, scheduler and RNG states, and the position in the
+epoch plan. Checkpoints and plots are written atomically (`eyas.atomic`): a kill leaves the old
+file or the new one. The log is appended to, one JSON record a line; a resumed run first drops the
+records past its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.atomic import write_atomic, write_text
+from eyas.dtypes import short_name
+from eyas.errors import EyasError
+from eyas.target import target_name
+from eyas.train.config import TrainConfig, data_folders
+from eyas.train.heldout import EVAL_DEPTH
+
+STATE_FORMAT = "eyas-train-state"
+# Fields a resumed run may change: they do not affect the weights it produces.
+# (`data` may move: the capture itself is compared by its manifest fingerprint and sample count;
+# `init` is used once, by the first run: a resumed run starts from its checkpoint.)
+RESUME_MAY_CHANGE = ("data", "out", "resume", "init", "progress", "save_every", "eval_every", "export_dtype",
+                     "keep_checkpoints", "device")
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """Where a run in `out` keeps its files."""
+
+    out: Path
+    checkpoints: Path
+    log: Path
+    curves: Path
+    draft: Path
+
+    @classmethod
+    def of(cls, out: str | Path) -> RunFiles:
+        out = Path(out).absolute()
+        return cls(out, out / "checkpoints", out / "train_log.jsonl", out / "train_curves.png", out / "draft")
+
+
+def refuse_old_run(files: RunFiles) -> None:
+    """A fresh run never writes over another run's files."""
+    found = [p.name for p in (files.checkpoints, files.draft, files.log) if p.exists()]
+    if found:
+        raise EyasError(f"{files.out} already holds a training run ({', '.join(found)})",
+                        "pass --resume to continue it, or choose a new --out")
+
+
+def prepare(files: RunFiles, resumed_step: int | None) -> None:
+    """Make the checkpoint folder, drop temp files of a killed write, and start or trim the log."""
+    files.checkpoints.mkdir(parents=True, exist_ok=True)
+    for tmp in files.checkpoints.glob(".step_*.tmp"):  # a checkpoint write that was killed
+        tmp.unlink()
+    if resumed_step is not None:
+        _truncate_log(files.log, resumed_step)
+    elif files.log.exists():
+        files.log.unlink()
+
+
+def checkpoint_path(folder: Path, step: int) -> Path:
+    return folder / f"step_{step:08d}.pt"
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint with the highest step (temp files of an interrupted write are ignored)."""
+    found = sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
+    return found[-1] if found else None
+
+
+def config_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config as recorded in a checkpoint: paths absolute, the target by name, dtypes by short name."""
+    d = dataclasses.asdict(config)
+    d["data"] = ",".join(str(Path(f).resolve()) for f in data_folders(config))
+    d["out"] = str(Path(config.out).resolve())
+    d["target"] = target_name(config.target)
+    d["dtype"], d["export_dtype"] = short_name(config.dtype), short_name(config.export_dtype)
+    return d
+
+
+def save_state(folder: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write a training state as checkpoint `step` (atomically); keep only the newest `keep`."""
+    path = checkpoint_path(folder, step)
+    write_atomic(path, lambda f: torch.save({"format": STATE_FORMAT, "step": step, **state, "rng": _rng_state()}, f))
+    for old in sorted(folder.glob("step_*.pt"))[:-keep]:
+        old.unlink()
+    return path
+
+
+def load_state(path: Path, config: TrainConfig, world_size: int) -> dict[str, Any]:
+    """A checkpoint's state, refused when written by other settings or another number of processes."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a file that is not a training state at all
+        raise EyasError(f"{path}: not a readable training checkpoint ({e})",
+                        "delete it to resume from the one before") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise EyasError(f"{path}: not an eyas training checkpoint", "point --out at a folder written by eyas train")
+    now = config_dict(config)
+    differ = [k for k in now if k not in RESUME_MAY_CHANGE and state["config"].get(k) != now[k]]
+    if differ:
+        changes = "; ".join(f"{k}: {state['config'].get(k)!r} there, {now[k]!r} now" for k in differ)
+        raise EyasError(f"{path} was written by a different run ({changes})",
+                        "resume with the same settings, or train into a new --out")
+    if state["world_size"] != world_size:
+        raise EyasError(f"{path} was written by {state['world_size']} processes, resuming with {world_size}",
+                        f"resume with --nproc_per_node={state['world_size']} (the batch split depends on it)")
+    return state
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the RNGs saved with a checkpoint."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- the log and its curves ----------------------------------------------------------------------
+
+
+def append_log(log: Path, record: dict[str, Any]) -> None:
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_log(log: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL log, in order."""
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _truncate_log(log: Path, step: int) -> None:
+    """Drop log records past `step` (written by a run killed after its last checkpoint)."""
+    if not log.is_file():
+        return
+    keep = [line for line in log.read_text(encoding="utf-8").splitlines()
+            if line and json.loads(line)["step"] <= step]
+    write_text(log, "".join(line + "\n" for line in keep))
+
+
+def plot_curves(log: Path, png: Path) -> None:
+    """Loss, per-step accuracy and held-out tau vs optimizer step, from the JSONL log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_log(log)
+    train_recs = [r for r in records if r["kind"] == "train"]
+    eval_recs = [r for r in records if r["kind"] == "eval"]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.6))
+    steps = [r["step"] for r in train_recs]
+    a.plot(steps, [r["loss"] for r in train_recs])
+    a.set(xlabel="step", ylabel="loss", title="TTT loss (weighted sum over steps)")
+    for j in range(len(train_recs[0]["acc_by_step"]) if train_recs else 0):
+        b.plot(steps, [r["acc_by_step"][j] for r in train_recs], label=f"step {j}")
+    b.set(xlabel="step", ylabel="argmax accuracy", ylim=(0, 1), title="accuracy per TTT step")
+    if train_recs:
+        b.legend(fontsize=7)
+    if eval_recs:
+        c.plot([r["step"] for r in eval_recs], [r["tau"] for r in eval_recs], marker="o", label=f"tau (k={EVAL_DEPTH})")
+        c.plot([r["step"] for r in eval_recs], [1 + r["accept_depth1"] for r in eval_recs], marker="x",
+               label="1 + depth-1 acceptance")
+        c.legend(fontsize=7)
+    c.set(xlabel="step", ylabel="tokens per target pass", title="held-out greedy chain")
+    fig.tight_layout()
+    write_atomic(png, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)

@@ -1,0 +1,163 @@
+"""The settings of a training run: `TrainConfig`, its checks, and the command-line flags made from it.
+
+Every field carries its help text (and, where the values are a fixed set, its choices) as dataclass
+field metadata, so `eyas train --help` is generated from the one place that defines the knobs and
+cannot drift from it. Field names are the flag names: `draft_vocab` is `--draft-vocab`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from eyas.dtypes import choices, to_dtype
+from eyas.errors import EyasError
+
+TRAIN_DTYPES = (torch.bfloat16, torch.float32)  # autocast of the forward, and the exported weights
+DTYPE_CHOICES = choices(TRAIN_DTYPES)
+
+
+def _knob(default: Any = dataclasses.MISSING, help: str = "", **extra: Any) -> Any:
+    """A TrainConfig field whose metadata holds its help text (and `choices`, `metavar`)."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a training run; field names are the CLI flag names (`--draft-vocab`, ...)."""
+
+    data: str = _knob(help="capture folder(s) written by `eyas capture`, joined by commas: they train as one "
+                           "data set", metavar="SHARDS[,SHARDS]")
+    out: str = _knob(help="run folder: checkpoints/, train_log.jsonl, train_curves.png and the exported draft/",
+                     metavar="DIR")
+    target: str | None = _knob(None, "the target the data was captured from: its model folder, or the config.json "
+                                     "inside it (default: the embedded default); never downloaded",
+                               metavar="DIR_OR_CONFIG")
+    init: str | None = _knob(None, "start from this draft (a checkpoint folder eyas reads) instead of random weights: "
+                                   "its weights and vocab map are kept; data, optimiser and schedule are new. It must "
+                                   "fit the target and the data's capture layers. Not with --resume",
+                             metavar="DRAFT")
+    draft_vocab: int | None = _knob(None, "draft vocab size: the most frequent answer tokens "
+                                          "(default: the target's full vocab, no d2t/t2d)", metavar="N")
+    ttt_steps: int = _knob(7, "draft steps unrolled per position in training-time test (as EAGLE and SpecForge)",
+                           metavar="N")
+    step_decay: float = _knob(0.8, "weight of TTT step j's loss is step_decay**j (EAGLE, SpecForge)", metavar="X")
+    lr: float = _knob(1e-4, "peak learning rate (SpecForge's default)")
+    warmup: int | None = _knob(None, "linear warmup steps (default: 1.5% of the run, SpecForge's warmup_ratio)",
+                               metavar="STEPS")
+    epochs: int = _knob(1, "passes over the training samples", metavar="N")
+    max_steps: int | None = _knob(None, "stop after this many optimizer steps (the schedule shortens to fit)",
+                                  metavar="N")
+    batch_tokens: int = _knob(2048, "tokens per optimizer step, all processes together (about: a batch takes "
+                                    "whole samples)", metavar="N")
+    max_len: int = _knob(2048, "longer samples are cut to this many draft positions", metavar="N")
+    grad_clip: float = _knob(0.5, "max global gradient norm (EAGLE, SpecForge)", metavar="NORM")
+    weight_decay: float = _knob(0.0, "AdamW decay of matrices; norm weights are never decayed (EAGLE: 0)",
+                                metavar="X")
+    seed: int = _knob(0, "seed of the initial weights, the held-out split and the data order", metavar="N")
+    save_every: int = _knob(200, "write a checkpoint every N steps, and at the end (0: only at the end)",
+                            metavar="N")
+    eval_every: int | None = _knob(None, "held-out eval every N steps (default: at each checkpoint; 0: never "
+                                         "during the run)", metavar="N")
+    eval_fraction: float = _knob(0.05, "share of samples held out for eval, chosen by the seed (0: none)",
+                                 metavar="F")
+    resume: bool = _knob(False, "continue the run in --out from its latest checkpoint (same settings and data)")
+    dtype: str = _knob("bf16", "autocast dtype of the forward; master weights are always fp32",
+                       choices=DTYPE_CHOICES)
+    export_dtype: str = _knob("fp32", "dtype of the exported draft's weights", choices=DTYPE_CHOICES)
+    num_hidden_layers: int = _knob(1, "draft decoder layers (EAGLE-3: 1)", metavar="N")
+    norm_before_residual: bool = _knob(False, "norm flag: the residual stream carries hidden_norm(h), not the raw "
+                                              "h (the four norm flags default to EAGLE-3's: all off)")
+    norm_before_fc: bool = _knob(False, "norm flag: one RMSNorm over the concatenated captured features before fc")
+    fc_norm: bool = _knob(False, "norm flag: one RMSNorm per captured layer before fc (EAGLE-3.1)")
+    norm_output: bool = _knob(False, "norm flag: the next step reads norm(out), not the pre-norm out (EAGLE-3.1)")
+    keep_checkpoints: int = _knob(2, "checkpoints kept; older ones are deleted", metavar="N")
+    device: str | None = _knob(None, "torch device (default: this rank's GPU when CUDA is available, else cpu)")
+    progress: bool = _knob(True, "progress bar on stderr (rank 0 only)")
+
+
+def autocast_dtype(config: TrainConfig) -> torch.dtype | None:
+    """The forward's autocast dtype, None for plain fp32."""
+    dtype = to_dtype(config.dtype, TRAIN_DTYPES)
+    return None if dtype == torch.float32 else dtype
+
+
+def export_dtype(config: TrainConfig) -> torch.dtype:
+    return to_dtype(config.export_dtype, TRAIN_DTYPES)
+
+
+def data_folders(config: TrainConfig) -> list[str]:
+    """The capture folders of `config.data` (comma-separated: captures run in parallel, e.g. with
+    `eyas capture --skip`, train as one data set)."""
+    return [f for f in config.data.split(",") if f]
+
+
+def check_config(c: TrainConfig) -> None:
+    """Refuse impossible settings before anything is read or written, naming every one."""
+    bad = []
+    for name in ("ttt_steps", "epochs", "batch_tokens", "num_hidden_layers", "keep_checkpoints"):
+        if getattr(c, name) < 1:
+            bad.append(f"{name}={getattr(c, name)} (must be >= 1)")
+    if c.max_len < 2:
+        bad.append(f"max_len={c.max_len} (must be >= 2)")
+    if c.max_steps is not None and c.max_steps < 1:
+        bad.append(f"max_steps={c.max_steps} (must be >= 1)")
+    if c.draft_vocab is not None and c.draft_vocab < 1:
+        bad.append(f"draft_vocab={c.draft_vocab} (must be >= 1)")
+    if not (c.lr > 0 and c.step_decay > 0 and c.grad_clip > 0 and c.weight_decay >= 0):
+        bad.append(f"lr={c.lr}, step_decay={c.step_decay}, grad_clip={c.grad_clip} must be > 0, "
+                   f"weight_decay={c.weight_decay} >= 0")
+    if not 0 <= c.eval_fraction < 1:
+        bad.append(f"eval_fraction={c.eval_fraction} (must be in [0, 1))")
+    if c.save_every < 0 or (c.eval_every is not None and c.eval_every < 0) or (c.warmup is not None and c.warmup < 0):
+        bad.append("save_every, eval_every and warmup must be >= 0")
+    if not data_folders(c):
+        bad.append(f"data={c.data!r} (a capture folder, or several joined by commas)")
+    try:
+        autocast_dtype(c), export_dtype(c)
+    except EyasError:
+        bad.append(f"dtype={c.dtype!r}, export_dtype={c.export_dtype!r} (each bf16 or fp32)")
+    if c.init and c.resume:
+        bad.append(f"init={c.init!r} with resume (a resumed run continues from its checkpoint; pass one of them)")
+    if bad:
+        raise EyasError("invalid training settings: " + "; ".join(bad), "fix the flags named above")
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def _flag_type(name: str) -> type:
+    """int | None -> int, etc.: the non-None type of a TrainConfig field."""
+    hint = typing.get_type_hints(TrainConfig)[name]
+    if isinstance(hint, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field (`--draft-vocab` for draft_vocab), with the field's help and
+    choices; booleans are switches (`--no-progress` for a field that defaults to True)."""
+    for f in dataclasses.fields(TrainConfig):
+        flag, kind = "--" + f.name.replace("_", "-"), _flag_type(f.name)
+        help_ = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
+        extra = {k: f.metadata[k] for k in ("choices", "metavar") if k in f.metadata}
+        if f.default is dataclasses.MISSING:
+            p.add_argument(flag, dest=f.name, type=kind, required=True, help=help_, **extra)
+        elif kind is bool and f.default:
+            p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", help=f"no {help_}")
+        elif kind is bool:
+            p.add_argument(flag, dest=f.name, action="store_true", help=help_)
+        else:
+            shown = "" if f.default is None or "default:" in help_ else f" (default: {f.default})"
+            p.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help_ + shown, **extra)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of parsed `add_arguments` flags."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})

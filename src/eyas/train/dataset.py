@@ -1,0 +1,76 @@
+"""The training data of a run: its captures opened and checked, samples cut to length, a held-out split.
+
+Several capture folders (`--data A,B`: captures made in parallel) train as one data set when they
+were made at the same capture layers from the same target. Training samples are shifted for the
+draft here, once; held-out samples stay unshifted (`eyas.evaluate` shifts them itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from eyas.data import CapturedData, open_shards
+from eyas.errors import ContractError, EyasError
+from eyas.shift import shift_for_draft
+from eyas.target import target_name
+from eyas.train.config import TrainConfig, data_folders
+
+
+@dataclass
+class TrainingData:
+    capture_layers: list[int]
+    train_set: list[dict[str, Tensor]]  # shifted (eyas.shift.shift_for_draft)
+    heldout: list[dict[str, Tensor]]  # unshifted, for eyas.evaluate
+    data_id: dict[str, Any]  # what a resumed run must find again: fingerprints and sample count
+
+    @property
+    def lengths(self) -> list[int]:
+        """Draft positions per training sample (what batches are cut by)."""
+        return [s["input_ids"].shape[0] for s in self.train_set]
+
+
+def load_training_data(config: TrainConfig, *, expect_capture_layers: list[int] | None = None) -> TrainingData:
+    """Open `config.data` for training: refused when captured from another target, from the held-out
+    evaluation prompts, or (`expect_capture_layers`, when resuming) at other layers than the draft's."""
+    captures = [open_shards(f, for_training=True, expect_target=target_name(config.target),
+                            expect_capture_layers=expect_capture_layers) for f in data_folders(config)]
+    capture_layers = same_capture_layers(captures)
+    samples = [s for data in captures for s in load_samples(data, config.max_len)]
+    data_id = {"fingerprint": ",".join(data.manifest["fingerprint"] for data in captures), "samples": len(samples)}
+    train_idx, heldout_idx = split(len(samples), config.eval_fraction, config.seed)
+    return TrainingData(capture_layers, [shift_for_draft(samples[i]) for i in train_idx],
+                        [samples[i] for i in heldout_idx], data_id)
+
+
+def same_capture_layers(captures: list[CapturedData]) -> list[int]:
+    """The capture layers all folders share; folders captured at other layers are refused."""
+    layers = captures[0].capture_layers
+    for data in captures[1:]:
+        if data.capture_layers != layers:
+            raise ContractError(f"{data.folder}: captured at layers {data.capture_layers}, "
+                                f"{captures[0].folder} at {layers}", "train on captures made at the same layers")
+    return layers
+
+
+def load_samples(data: CapturedData, max_len: int) -> list[dict[str, Tensor]]:
+    """Unshifted samples cut to max_len + 1 tokens (max_len draft positions), with an answer left."""
+    samples = []
+    for s in data:
+        s = {k: s[k][: max_len + 1] for k in ("input_ids", "loss_mask", "features", "last_hidden")}
+        if s["loss_mask"][2:].any():  # a draft label x_{t+2} inside the answer
+            samples.append(s)
+    if len(samples) < 1:
+        raise EyasError(f"{data.folder}: no sample has answer tokens to train on",
+                        "capture data with responses (eyas capture)")
+    return samples
+
+
+def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held-out) sample indices, a seeded permutation; held-out is at least 1 when asked for."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    k = 0 if fraction == 0 else min(n - 1, max(1, round(n * fraction)))
+    return sorted(order[k:]), sorted(order[:k])

@@ -1,0 +1,83 @@
+"""Training-time-test attention as EAGLE computes it: step-0 keys up to t, plus t's own later steps.
+
+In the TTT unroll (`Drafter.forward_ttt`) step j at position t attends to the step-0 keys of the
+positions <= t in its document, and to the keys of the SAME position t at steps 1..j: each of those
+drafted a token that only the chain at t contains. Written as one boolean mask over every step's keys
+(`eyas.drafter.ttt_mask`), step j scores (j + 1) * T keys per query, of which only t + 1 + j can be
+attended: the unroll costs steps^2 * T^2. EAGLE (`cnets.py`, its `cache_hidden`) and SpecForge score
+the step-0 keys under the causal mask and each later step's keys on the diagonal only (one column per
+step), and take one softmax over both: steps * T^2, and no steps * T^2 mask.
+
+The scores are computed a block of queries at a time, each block against the step-0 keys from the
+first one any of its queries may see (its earliest document start) up to its last query: the causal
+upper triangle and earlier documents are never computed, and a block's scores stay small enough to
+be cached between the softmax and the matmuls around it (a whole [T, T] score matrix is not).
+
+`TTTCache` keeps the keys that way; it takes `DraftCache`'s place in `Drafter.forward` during the
+unroll, and `Attention` hands it the step's queries (`attend`) instead of appending to a cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+QUERY_BLOCK = 256  # queries scored together; the block's [heads, 256, keys] fp32 scores stay cache-sized
+
+
+class TTTCache:
+    """The rotated keys and values of one TTT unroll, per layer and step: step 0's, then each later step's.
+
+    `mask` bool [B or 1, T, T] is the step-0 mask (causal, per document): position t may see key s.
+    """
+
+    def __init__(self, num_layers: int, mask: Tensor):
+        self.k: list[list[Tensor]] = [[] for _ in range(num_layers)]
+        self.v: list[list[Tensor]] = [[] for _ in range(num_layers)]
+        self.mask = mask
+        self.blocks = query_blocks(mask, QUERY_BLOCK)
+        self.length = 0  # positions processed, all steps together (Drafter.forward advances it)
+
+    def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Store this step's k/v [B, n_kv, T, D] for `layer_idx`, then `ttt_attention` for its queries."""
+        self.k[layer_idx].append(k)
+        self.v[layer_idx].append(v)
+        return ttt_attention(q, self.k[layer_idx], self.v[layer_idx], self.mask, self.blocks)
+
+
+def query_blocks(mask: Tensor, size: int) -> list[tuple[int, int, int]]:
+    """(first query, end query, first key) per block of `size` queries: keys before the first key
+    are masked for every query of the block (every row sees at least itself, so argmax finds it)."""
+    T = mask.shape[-2]
+    first_key = mask.to(torch.uint8).argmax(-1).amin(0)  # [T]: the earliest key position t may see
+    starts = list(range(0, T, size))
+    lows = [first_key[a : a + size].min() for a in starts]
+    return [(a, min(T, a + size), int(lo)) for a, lo in zip(starts, torch.stack(lows).tolist())]
+
+
+def ttt_attention(q: Tensor, ks: list[Tensor], vs: list[Tensor], mask: Tensor,
+                  blocks: list[tuple[int, int, int]]) -> Tensor:
+    """Step j's attention: q [B, nh, T, D]; ks/vs the keys/values of steps 0..j, each [B, n_kv, T, D];
+    mask bool [B or 1, T, T] over the step-0 keys; blocks from `query_blocks(mask)` -> [B, nh, T, D].
+
+    softmax(cat(q k_0^T masked, q_t . k_s[t] for s = 1..j) / sqrt(D)), in fp32, over the keys each
+    block needs. Query heads are grouped by their kv head (`repeat_kv`'s order: head h reads kv head
+    h // n_rep), so keys and values are never copied per query head.
+    """
+    B, nh, T, D = q.shape
+    n_kv = ks[0].shape[1]
+    qg = (q / math.sqrt(D)).reshape(B, n_kv, nh // n_kv, T, D)  # [B, n_kv, n_rep, T, D]
+    k0, v0 = ks[0][:, :, None], vs[0][:, :, None]  # [B, n_kv, 1, T, D]
+    diagonal = [(qg.float() * k[:, :, None].float()).sum(-1, keepdim=True) for k in ks[1:]]  # j x [.., T, 1]
+    out = []
+    for a, b, lo in blocks:
+        scores = (qg[..., a:b, :] @ k0[..., lo:b, :].transpose(-1, -2)).float()  # [.., b - a, b - lo]
+        scores = scores.masked_fill(~mask[:, None, None, a:b, lo:b], float("-inf"))
+        probs = torch.softmax(torch.cat([scores, *(d[..., a:b, :] for d in diagonal)], dim=-1), dim=-1)
+        y = probs[..., : b - lo].to(v0.dtype) @ v0[..., lo:b, :]
+        for s, v in enumerate(vs[1:]):
+            y = y + probs[..., b - lo + s, None].to(v.dtype) * v[:, :, None, a:b]
+        out.append(y)
+    return torch.cat(out, dim=-2).reshape(B, nh, T, D)

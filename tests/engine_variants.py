@@ -1,0 +1,132 @@
+"""Exports of the shipped draft that eyas writes or meets, for the engine tests: each a folder.
+
+Every variant starts from the shipped draft's weights; the config is eyas's own export
+(`convert_checkpoint`) edited the way real exports differ. Names say what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from eyas.drafter_loading import resolve_drafter
+from eyas.formats import IDS, convert_checkpoint
+
+SHIPPED = resolve_drafter(None)
+OFF_BY_ONE = [1, 14, 26]  # the shipped draft's (2, 15, 27) in the output-of-layer convention
+
+
+def _export(dst: Path, to: str) -> Path:
+    convert_checkpoint(SHIPPED, dst, to)
+    return dst
+
+
+def _edit(d: Path, edit, name: str = "config.json") -> Path:
+    cfg = json.loads((d / name).read_text())
+    edit(cfg)
+    (d / name).write_text(json.dumps(cfg, indent=2))
+    return d
+
+
+def config_json_disagrees(d: Path) -> Path:
+    """(a) the seed's case: config.json (eagle, what engines read) records other capture layers than the
+    weights were trained on; the correct speculators config sits beside it as config_speculators.json."""
+    _export(d, "eagle")
+    _export(d.with_name(d.name + "-spec"), "speculators")
+    shutil.move(d.with_name(d.name + "-spec") / "config.json", d / "config_speculators.json")
+    shutil.rmtree(d.with_name(d.name + "-spec"))
+
+    def edit(cfg):
+        cfg[IDS] = OFF_BY_ONE
+        cfg["eagle_config"].pop(IDS)
+    return _edit(d, edit)
+
+
+def norm_before_residual_absent(d: Path) -> Path:
+    """(b) a speculators config without norm_before_residual (vLLM's default there is True)."""
+    return _edit(_export(d, "speculators"), lambda cfg: cfg.pop("norm_before_residual"))
+
+
+def no_d2t(d: Path) -> Path:
+    """(c) a reduced-vocab draft exported without d2t/t2d."""
+    _export(d, "speculators")
+    w = d / "model.safetensors"
+    tensors = {k: v for k, v in load_file(w).items() if k not in ("d2t", "t2d")}
+    save_file(tensors, w)
+    return d
+
+
+def nested_ids_output_convention(d: Path) -> Path:
+    """(d) capture ids in the other convention: an eagle config whose only ids are the nested
+    eagle_config ones, written output-of-layer (first id 1, as SGLang and SpecForge write them)."""
+    return _edit(_export(d, "eagle"), lambda cfg: cfg.pop(IDS))
+
+
+def eagle(d: Path) -> Path:
+    """eyas's eagle export: top-level ids (capture indices) and nested ids (for SGLang)."""
+    return _export(d, "eagle")
+
+
+def speculators_no_ids(d: Path) -> Path:
+    """A speculators config that names no layers."""
+    return _edit(_export(d, "speculators"), lambda cfg: cfg.pop(IDS))
+
+
+def eagle_norm_before_residual_absent(d: Path) -> Path:
+    """An eagle config without norm_before_residual, top level or nested."""
+    def edit(cfg):
+        cfg.pop("norm_before_residual")
+        cfg["eagle_config"].pop("norm_before_residual", None)
+    return _edit(_export(d, "eagle"), edit)
+
+
+def own_embeddings(noise: float):
+    """A draft that ships its own embed_tokens: the target's plus `noise`."""
+    def make(d: Path) -> Path:
+        import torch
+
+        from eyas.target import load_target_embeddings
+
+        _export(d, "speculators")
+        w = d / "model.safetensors"
+        tensors = load_file(w)
+        embed = load_target_embeddings(None).to(tensors["fc.weight"].dtype)
+        jitter = torch.randn(embed.shape, generator=torch.Generator().manual_seed(0)).to(embed.dtype)
+        tensors["embed_tokens.weight"] = embed + noise * jitter
+        save_file(tensors, w)
+        return d
+    return make
+
+
+def four_layers(fmt: str):
+    """A fresh (random) draft reading four target states, as `fmt`."""
+    def make(d: Path) -> Path:
+        subprocess.run([sys.executable, "-m", "eyas", "init", str(d), "--capture-layers", "2,10,20,27", "--format",
+                        fmt], check=True, capture_output=True)
+        return d
+    return make
+
+
+VARIANTS = {
+    "healthy": None,  # the shipped folder itself
+    "a_config_json_disagrees": config_json_disagrees,
+    "b_norm_before_residual_absent": norm_before_residual_absent,
+    "c_no_d2t": no_d2t,
+    "d_nested_ids_output_convention": nested_ids_output_convention,
+    "eagle": eagle,
+    "speculators_no_ids": speculators_no_ids,
+    "eagle_norm_before_residual_absent": eagle_norm_before_residual_absent,
+    "own_embeddings": own_embeddings(0.01),
+    "four_layers_speculators": four_layers("speculators"),
+    "four_layers_eagle": four_layers("eagle"),
+}
+
+
+def build(root: Path) -> dict[str, Path]:
+    """Every variant as a folder under `root`."""
+    return {name: (make(root / name) if make else SHIPPED) for name, make in VARIANTS.items()}

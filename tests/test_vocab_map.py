@@ -1,0 +1,88 @@
+"""The one vocab-map rule: `eyas check` (formats.vocab_map_problems) and the drafter
+(drafter.check_vocab_map) accept and refuse the same d2t/t2d, for the same reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import random_tensors, tiny_contract
+from eyas.drafter import check_vocab_map
+from eyas.errors import ContractError
+from eyas.formats import vocab_map_problems
+
+
+def vocab_map_cases() -> dict[str, dict[str, torch.Tensor]]:
+    """Vocab maps for tiny_contract() (Vd 64 of V 256): valid, and one per way to break the rule."""
+    t = random_tensors(tiny_contract())
+    d2t, t2d = t["d2t"], t["t2d"]
+    targets = torch.arange(64) + d2t
+    swapped = targets.clone()
+    swapped[[3, 4]] = swapped[[4, 3]]
+    moved = t2d.clone()
+    moved[int(torch.nonzero(~t2d)[0])] = True
+    moved[int(targets[10])] = False
+    return {
+        "valid": {"d2t": d2t, "t2d": t2d},
+        "unsorted": {"d2t": swapped - torch.arange(64), "t2d": t2d},  # the same set, two draft ids swapped
+        "out of range": {"d2t": targets, "t2d": t2d},  # target ids stored instead of offsets
+        "d2t int32": {"d2t": d2t.int(), "t2d": t2d},
+        "t2d uint8": {"d2t": d2t, "t2d": t2d.to(torch.uint8)},
+        "t2d disagrees": {"d2t": d2t, "t2d": moved},  # same count, one id moved
+        "t2d count": {"d2t": d2t, "t2d": torch.ones(256, dtype=torch.bool)},
+        "repeated id": {"d2t": d2t.index_fill(0, torch.tensor([5]), int(targets[4]) - 5), "t2d": t2d},
+        "d2t short": {"d2t": d2t[:63], "t2d": t2d},
+        "t2d short": {"d2t": d2t, "t2d": t2d[:255]},
+        "no t2d": {"d2t": d2t},
+        "no d2t": {"t2d": t2d},
+        "none": {},
+    }
+
+
+BOTH = [name for name, m in vocab_map_cases().items() if set(m) == {"d2t", "t2d"}]  # what the drafter is given
+
+
+@pytest.mark.parametrize("case", BOTH)
+def test_check_and_drafter_agree(case):
+    c, m = tiny_contract(), vocab_map_cases()[case]
+    problems = vocab_map_problems(c, m)
+    try:
+        check_vocab_map(c, m["d2t"], m["t2d"])
+        refused = None
+    except ContractError as e:
+        refused = e
+    assert (refused is None) == (problems == []) == (case == "valid"), (case, problems, refused)
+    if refused is not None and problems[0]["code"] != "vocab_map_shape":  # the drafter checks shapes itself
+        assert str(refused) == problems[0]["problem"] and refused.hint == problems[0]["fix"]
+
+
+def test_why_the_order_matters():
+    """Engines read d2t in any order, but a t2d mask can only describe the ascending map: whatever reads
+    the map from t2d (speculators' and SpecForge's training losses, eyas's doctor) gets another one."""
+    m = vocab_map_cases()["unsorted"]
+    from_d2t = torch.arange(64) + m["d2t"]
+    from_t2d = m["t2d"].nonzero().flatten()
+    assert set(from_d2t.tolist()) == set(from_t2d.tolist()) and not torch.equal(from_d2t, from_t2d)
+    assert [p["code"] for p in vocab_map_problems(tiny_contract(), m)] == ["d2t_not_increasing"]
+
+
+@pytest.mark.parametrize(
+    ("case", "codes"),
+    [
+        ("valid", []),
+        ("unsorted", ["d2t_not_increasing"]),
+        ("out of range", ["d2t_out_of_range"]),
+        ("d2t int32", ["d2t_dtype"]),
+        ("t2d uint8", ["t2d_dtype"]),
+        ("t2d disagrees", ["t2d_disagrees"]),
+        ("t2d count", ["t2d_count"]),
+        ("repeated id", ["d2t_not_increasing"]),
+        ("d2t short", ["vocab_map_shape"]),
+        ("t2d short", ["vocab_map_shape"]),
+        ("no t2d", ["t2d_missing"]),
+        ("no d2t", ["d2t_missing"]),
+        ("none", ["vocab_map_missing"]),
+    ],
+)
+def test_each_case_has_its_code(case, codes):
+    assert [p["code"] for p in vocab_map_problems(tiny_contract(), vocab_map_cases()[case])] == codes
