@@ -141,6 +141,14 @@ def test_run_bench_all_methods(saved, tmp_path):
     env = rep["environment"]
     assert env["torch"] == torch.__version__ and env["threads"] == 1 and env["dtype"] == "fp32"
     assert env["cpu_flags"] == cpu_flags() and rep["dtype_source"] == "given"
+    # the terms of speedup = tau x T(1) / (T_verify + draft), per drafting method, from the same run
+    terms = rep["speedup_terms"]
+    assert set(terms) == {"eyas_chain", "eyas_tree"}
+    for name, t in terms.items():
+        m = rep["methods"][name]
+        assert t["tau"] == m["tau"] and t["T_verify_ms"] == m["ms_per_round"]["verify"] > 0
+        assert t["T1_ms"] == rep["methods"]["eyas_target"]["ms_per_round"]["verify"]
+        assert t["predicted"] == pytest.approx(t["tau"] * t["T1_ms"] / (t["T_verify_ms"] + t["draft_ms"]))
     assert "eyas_commit" in env
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = format_bench(rep)

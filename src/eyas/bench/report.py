@@ -89,6 +89,10 @@ def format_bench(report: dict) -> str:
     for name in METHODS[1:]:
         cells = " ".join(f"{_f(report['categories'][c]['methods'][name]['speedup'], '.2f'):>10}" for c in cats)
         lines.append(f"{name:<20} {cells}")
+    for name, t in (report.get("speedup_terms") or {}).items():
+        lines.append(f"{name} over eyas_target: tau {t['tau']:.2f} x T(1) {t['T1_ms']:.1f} ms / (T_verify "
+                     f"{t['T_verify_ms']:.1f} + draft {t['draft_ms']:.1f} ms per round) = {t['predicted']:.2f}x "
+                     f"(measured {t['measured']:.2f}x)")
     if report["sweep"]:
         s = report["sweep"]
         lines.append(f"sweep: fastest {shape_label(s['best'])} at {s['best_tokens_per_s']:.1f} tok/s, target alone "

@@ -17,6 +17,7 @@ from eyas.bench.timing import (
     Run,
     eyas_runner,
     hf_runner,
+    speedup_terms,
     summary,
     time_interleaved,
     with_speedups,
@@ -110,6 +111,7 @@ def run_bench(
         "ngram_tokens": ngram_tokens,
         "shapes": shapes,
         "methods": summarise(list(range(len(items)))),
+        "speedup_terms": None,
         "categories": {c: {"prompts": len(idx), "methods": summarise(idx)} for c, idx in categories.items()},
         "prompts": [
             {"origin": it.prompt.origin, "category": it.category, "prompt_tokens": len(ids),
@@ -121,6 +123,7 @@ def run_bench(
         "sweep": sweep_report,
         "environment": environment(dtype),
     }
+    report["speedup_terms"] = speedup_terms(report["methods"])
     if plot:
         plot_bench(report, plot)
     return report

@@ -148,7 +148,29 @@ def summary(runs: list[Run], reference: list[Run]) -> dict:
         split = {k: sum(s[f"time_{k}_s"] for s in stats) for k in ("prefill", "draft", "verify")}
         split["other"] = seconds - sum(split.values())  # decode's own bookkeeping and the call around it
         out["time_split"] = {k: v / seconds for k, v in split.items()} if seconds > 0 else None
+        # the cost terms of the speedup (eyas.decode.cost): a round's verify forward and its drafting
+        out["ms_per_round"] = {k: 1000 * split[k] / rounds for k in ("draft", "verify")} if rounds else None
     return out
+
+
+def speedup_terms(methods: dict[str, dict]) -> dict[str, dict]:
+    """speedup over eyas_target = tau x T(1) / (T_verify + d x T_draft), per drafting method, from
+    the bench's own measurements: T(1) is eyas_target's verify per round (one token), T_verify and
+    d x T_draft the method's verify and drafting per round. `predicted` leaves out prefill and the
+    loop's other work; `measured` is the tokens/s ratio."""
+    base = methods["eyas_target"]
+    if not base["ms_per_round"] or not base["tokens_per_s"]:
+        return {}
+    t1 = base["ms_per_round"]["verify"]
+    terms = {}
+    for name in ("eyas_chain", "eyas_tree"):
+        m = methods[name]
+        if m["ms_per_round"] and m["tau"] and m["tokens_per_s"]:
+            cost = m["ms_per_round"]["verify"] + m["ms_per_round"]["draft"]
+            terms[name] = {"tau": m["tau"], "T1_ms": t1, "T_verify_ms": m["ms_per_round"]["verify"],
+                           "draft_ms": m["ms_per_round"]["draft"], "predicted": m["tau"] * t1 / cost,
+                           "measured": m["tokens_per_s"] / base["tokens_per_s"]}
+    return terms
 
 
 def with_speedups(methods: dict[str, dict]) -> dict[str, dict]:
