@@ -99,6 +99,8 @@ def top_ops(run, calls: int, k: int = 6) -> list[dict]:
 
 
 def profiles(target: Target, drafter, context: int, tree_nodes: int, top_k: int) -> dict:
+    """The top operators of a lean forward over 1 and over `tree_nodes` new tokens, and of one draft
+    step over `top_k` positions (a tree level), each after `context` cached positions."""
     model = decoder(target)
     capture = drafter.contract.capture_layers
     ids = torch.randint(0, target.vocab_size, (1, context + tree_nodes), generator=torch.Generator().manual_seed(0))
@@ -121,7 +123,8 @@ def profiles(target: Target, drafter, context: int, tree_nodes: int, top_k: int)
             dcache.crop(context)
 
         draft = top_ops(draft_step, 5)
-    return {"lean_1": top_ops(forward(1), 5), f"lean_{tree_nodes}": top_ops(forward(tree_nodes), 5), "draft_step": draft}
+    return {"lean_1": top_ops(forward(1), 5), f"lean_{tree_nodes}": top_ops(forward(tree_nodes), 5),
+            "draft_step": draft}
 
 
 @contextmanager
@@ -202,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_report(report: dict, sizes: list[int]) -> str:
     bw = report["bandwidth_gbs"]
-    lines = [f"{report['cpu']}, {report['threads']} threads, torch {report['torch']}; flags {' '.join(report['cpu_flags'])}",
+    lines = [f"{report['cpu']}, {report['threads']} threads, torch {report['torch']}; "
+             f"flags {' '.join(report['cpu_flags'])}",
              f"memory bandwidth: copy {bw['copy']:.1f} GB/s, read {bw['read']:.1f} GB/s",
              f"target forward, ms by new tokens on a {report['context']}-token cache:",
              f"{'dtype':<6}{'forward':<8}" + "".join(f"{s:>8}" for s in sizes) + "   GB/s at 1"]

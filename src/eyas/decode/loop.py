@@ -156,7 +156,8 @@ def generate(
         # Prefill: the target reads the prompt; its last logits give the first new token x_T.
         t0 = time.perf_counter()
         model = decoder(target)
-        first = prefill(model, prompt, capture, T + max_new_tokens + _verified_nodes(max_draft, tree_shape, ngram_tokens))
+        max_len = T + max_new_tokens + _verified_nodes(max_draft, tree_shape, ngram_tokens)
+        first = prefill(model, prompt, capture, max_len)
         _sync(device)
         stats.time["prefill"] += time.perf_counter() - t0
         cache, token = first.past_key_values, choose(first.logits[0, -1], s)
@@ -175,7 +176,10 @@ def generate(
             # 1. draft (at most room - 1 tokens deep: a round emits the accepted ones plus one)
             t0 = time.perf_counter()
             root = torch.tensor([token], device=device)
-            draft = drafting.propose(root, n, min(max_draft, room - 1)) if drafting and room > 1 else root_only(token, device)
+            if drafting is not None and room > 1:
+                draft = drafting.propose(root, n, min(max_draft, room - 1))
+            else:
+                draft = root_only(token, device)
             first_copied = len(draft.parents)  # nodes from here on were proposed by the n-gram branch only
             if context is not None and draft.q is None and room > 1:
                 draft, _ = add_branch(draft, context.propose(min(ngram_tokens, room - 1)))
