@@ -45,6 +45,7 @@ from eyas.doctor import (
     read_dump,
 )
 from eyas.doctor.hypotheses import layer_moves
+from eyas.doctor.stats import MIN_GAIN_LOGPROB, detectable, signed_rank
 from eyas.errors import FormatError
 from eyas.formats import IDS, read_checkpoint, sglang_layer_ids
 from eyas.target import Target
@@ -284,8 +285,9 @@ DUMP_FAULTS = {  # slug -> (layers, shift, normed)
 # --- the statistics -----------------------------------------------------------------------------
 
 
-def _outcome(first: list[int], accepted: list[int]) -> Outcome:
-    return Outcome(torch.tensor(first, dtype=torch.bool), torch.tensor(accepted), [0.0] * 5, 1.0)
+def _outcome(first: list[int], accepted: list[int], logprob: list[float] | None = None) -> Outcome:
+    lp = torch.tensor(logprob if logprob is not None else [-1.0] * len(first))
+    return Outcome(torch.tensor(first, dtype=torch.bool), torch.tensor(accepted), lp, -lp, [0.0] * 5, 1.0)
 
 
 def test_exact_sign_tests_on_paired_positions():
@@ -296,11 +298,48 @@ def test_exact_sign_tests_on_paired_positions():
     t = paired_test(base, alt)
     assert t["depth1_wins_losses"] == [20, 0] and t["p_depth1"] == 2**-20
     assert t["chain_wins_losses"] == [40, 0] and t["gain_depth1"] == pytest.approx(0.5)
-    assert beats(t, tests=50) and not beats(paired_test(alt, base), tests=50)
-    small = paired_test(base, _outcome([1] + [0] * 19 + [1] * 20, [1] + [0] * 19 + [2] * 20))
-    assert small["p_depth1"] == 0.5 and not beats(small, tests=1)  # one position: not significant
     deep = paired_test(base, _outcome([0] * 20 + [1] * 20, [0] * 20 + [4] * 20))  # same depth 1, longer chains
-    assert deep["p_depth1"] == 1.0 and beats(deep, tests=2)  # norm_output-like faults show up only here
+    assert deep["p_depth1"] == 1.0 and deep["p_chain"] == 2**-20  # norm_output-like faults show up only here
+
+
+def test_signed_rank_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    g = torch.Generator().manual_seed(0)
+    for n, shift in ((30, 0.0), (200, 0.1), (500, -0.05), (60, 0.5)):
+        d = (torch.randn(n, generator=g) + shift).double()
+        d[::7] = 0.0  # zero differences are dropped
+        d[1::5] = d[1::5].round(decimals=1)  # and tied magnitudes share a rank
+        want = scipy_stats.wilcoxon(d.numpy(), zero_method="wilcox", correction=True, alternative="greater",
+                                    method="approx").pvalue
+        assert signed_rank(d) == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert signed_rank(torch.zeros(10)) == 1.0
+
+
+def test_continuous_evidence_decides_where_acceptance_cannot():
+    """Same argmaxes everywhere (acceptance equal), but the alternative gives the target's token more
+    probability at most positions: the signed-rank test on log-probability decides; an equal or
+    slightly worse alternative does not win, nor does a consistent gain below MIN_GAIN_LOGPROB."""
+    g = torch.Generator().manual_seed(1)
+    base_lp = -2.0 + 0.5 * torch.randn(400, generator=g)
+    first, accepted = [1] * 200 + [0] * 200, [2] * 200 + [0] * 200
+    base = _outcome(first, accepted, base_lp.tolist())
+    noise = 0.05 * torch.randn(400, generator=g)
+    better = paired_test(base, _outcome(first, accepted, (base_lp + 0.05 + noise).tolist()))
+    assert better["p_depth1"] == 1.0 and better["p_logprob"] < 1e-20
+    assert better["gain_logprob"] == pytest.approx(0.05, abs=0.01)
+    assert beats(better, tests=50)
+    same = paired_test(base, _outcome(first, accepted, (base_lp + 0.05 * torch.randn(400, generator=g)).tolist()))
+    assert same["p_logprob"] > 0.001 and not beats(same, tests=50)
+    tiny = paired_test(base, _outcome(first, accepted, (base_lp + MIN_GAIN_LOGPROB / 2).tolist()))
+    assert tiny["p_logprob"] < 1e-20 and not beats(tiny, tests=50)  # consistent, but smaller than rounding
+    assert not beats(paired_test(_outcome(first, accepted, (base_lp + 0.05).tolist()), base), tests=1)
+
+
+def test_detectable_effect_shrinks_with_positions():
+    one = detectable([0.2, 0.3, 1.0], positions=400, tests=40)
+    assert one == pytest.approx(detectable([0.3], positions=400, tests=40))  # the median spread
+    assert detectable([0.3], positions=1600, tests=40) == pytest.approx(one / 2)
+    assert detectable([0.3], positions=400, tests=400) > one and detectable([], 400, 40) is None
 
 
 # --- the healthy draft and the injected faults ---------------------------------------------------

@@ -1,6 +1,7 @@
 """The draft eyas ships for the embedded default (SmolLM2-135M-Instruct): what it is, that eyas finds
 it, that it is measurably better than chance standalone, and that `eyas doctor` calls it healthy
-and names a fault injected into a copy of it. Slow: the real target answers MT-bench prompts."""
+and names each of the ten faults it knows, injected into a copy of it (through the checkpoint or an
+engine dump). Slow: the real target answers MT-bench prompts."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import json
 import shutil
 
 import pytest
-from test_doctor import fc_blocks_permuted
+from test_doctor import CHECKPOINT_FAULTS as SMALL_FAULTS
+from test_doctor import _edit_configs, _set_ids, write_dump
 
 from eyas.cli import main
-from eyas.doctor import collect, diagnose, format_report
+from eyas.doctor import SLUGS, collect, diagnose, format_report
 from eyas.drafter_loading import resolve_drafter
 from eyas.formats import read_checkpoint
 
@@ -55,14 +57,58 @@ def states():
 def test_doctor_calls_the_shipped_draft_healthy(shipped, states):
     rep = diagnose(shipped, capture=states, progress=False)
     assert rep["verdict"] == "ok", format_report(rep)
+    m = rep["measured"]
+    assert all(not r["significant"] and r["gain_logprob"] < 0 for r in m["hypotheses"])  # every other wiring is worse
+    assert 0 < m["detectable_logprob"] < 0.5 and "would have been found" in " ".join(rep["notes"])
 
 
-def test_doctor_names_a_concatenation_fault_in_the_shipped_draft(shipped, states, tmp_path):
-    """fc's column blocks exported in another order than the layers are captured in. (Capture layers
-    off by one are not measurable on this weak draft: adjacent residual streams give depth-1 0.145 vs
-    0.156, p = 0.24 over 378 positions; the tiny trained draft in test_doctor.py covers that fault.)"""
+def _one_layer_off(d, i):
+    ids = list(read_checkpoint(d, load_tensors=False).contract.capture_layers)
+    ids[i] -= 1
+    _edit_configs(d, lambda cfg, fmt: _set_ids(cfg, fmt, ids))
+
+
+# Every fault the doctor names, injected into a copy of the shipped draft. This draft is weak (depth-1
+# acceptance about 0.37 here): a middle capture layer off by one moves its depth-1 acceptance by less
+# than a point, so only the continuous evidence (log-probability of the target's token) can see it.
+CHECKPOINT_FAULTS = {
+    **SMALL_FAULTS,
+    "capture_layers/middle": lambda d: _one_layer_off(d, 1),
+    "capture_layers/last": lambda d: _one_layer_off(d, 2),
+}
+LAYERS, N_LAYERS = [2, 15, 27], 30
+DUMP_FAULTS = {  # slug -> (layers, shift, normed), as in test_doctor.py
+    "capture_layers": ([k + 1 for k in LAYERS], 0, False),
+    "concat_order": (LAYERS[::-1], 0, False),
+    "normalized_features": (LAYERS, 0, True),
+    "position_shift": (LAYERS, -1, False),
+    "fc_skipped": ([N_LAYERS], 0, False),
+}
+
+
+def test_every_slug_is_injected():
+    assert {k.split("/")[0] for k in CHECKPOINT_FAULTS} | set(DUMP_FAULTS) == set(SLUGS)
+
+
+@pytest.mark.parametrize("fault", CHECKPOINT_FAULTS)
+def test_doctor_names_a_fault_injected_into_the_shipped_draft(fault, shipped, states, tmp_path):
     draft = shutil.copytree(shipped, tmp_path / "draft")
-    fc_blocks_permuted(draft)
+    CHECKPOINT_FAULTS[fault](draft)
     rep = diagnose(draft, capture=states, progress=False)
-    assert rep["verdict"] == "faulty" and rep["findings"][0]["fault"] == "concat_order", format_report(rep)
-    assert "new block i = current block [1, 2, 0][i]" in rep["findings"][0]["fix"]
+    first = rep["findings"][0] if rep["findings"] else {}
+    assert rep["verdict"] == "faulty" and first["fault"] == fault.split("/")[0], format_report(rep)
+    assert first["logprob_after"] > first["logprob_before"] and first["p_value"] < 1e-4
+    layers = [27, 2, 15] if fault == "concat_order" else [2, 15, 27]  # fc's blocks, as injected, read [27, 2, 15]
+    assert f"capture layers {layers}," in rep["trained_for"], format_report(rep)
+    if fault == "concat_order":
+        assert "new block i = current block [1, 2, 0][i]" in first["fix"]
+
+
+@pytest.mark.parametrize("slug", DUMP_FAULTS)
+def test_doctor_names_an_engine_dump_fault_on_the_shipped_draft(slug, shipped, states, tmp_path):
+    layers, shift, normed = DUMP_FAULTS[slug]
+    dump = write_dump(states, tmp_path / "dump.safetensors", layers, shift=shift, normed=normed)
+    rep = diagnose(shipped, features=dump, capture=states, progress=False)
+    first = rep["findings"][0] if rep["findings"] else {}
+    assert (first.get("fault"), first.get("source")) == (slug, "engine dump"), format_report(rep)
+    assert first["acceptance_before"] < first["acceptance_after"]

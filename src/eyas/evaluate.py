@@ -105,14 +105,16 @@ def target_greedy(sample: dict, lm_head: torch.Tensor) -> torch.Tensor:
 
 
 def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, *,
-                       greedy: torch.Tensor | None = None) -> dict:
+                       greedy: torch.Tensor | None = None, logits: bool = False) -> dict:
     """Teacher-forced draft predictions and target ground truth for one unshifted sample.
 
     Chains start at every position whose given token x_{t+1} and first label x_{t+2} are part of
     the answer (loss_mask), i.e. the states decoding actually visits.
     Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth],
     and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `target_greedy(sample,
-    lm_head)` when the caller already has it.
+    lm_head)` when the caller already has it. With `logits`, also the draft's logits [N, depth, Vd]
+    and `rows` [N, depth]: the sample position whose target distribution each depth is scored
+    against (truth[n, j] = greedy[rows[n, j]]), for measures beyond the argmax.
     """
     ids = sample["input_ids"]  # [T]
     if greedy is None:  # callers measuring many drafts on one sample pass it in (one full-vocab matmul)
@@ -123,8 +125,8 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     next_ids = label_ids(s["input_ids"])  # teacher forcing: x_{t+2} at draft position t
     steps = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth, next_ids=next_ids[None])
     # depth x [1, T-1, Vd]
-    logits = torch.stack(steps, dim=2)[0]  # [T-1, depth, Vd]
-    topk = drafter.to_target_ids(logits.topk(min(top_k, logits.shape[-1]), dim=-1).indices)
+    logits_all = torch.stack(steps, dim=2)[0]  # [T-1, depth, Vd]
+    topk = drafter.to_target_ids(logits_all.topk(min(top_k, logits_all.shape[-1]), dim=-1).indices)
     # draft position t reads x_{t+1} and is labelled with x_{t+2}: both must be answer tokens (the
     # first answer token comes from the target's prefill; after the last one decoding stops)
     starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
@@ -133,7 +135,11 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
         in_vocab = drafter.t2d[truth[:, 0]]
     else:
         in_vocab = torch.ones_like(truth[:, 0], dtype=torch.bool)
-    return {"pred": topk[starts][..., 0], "topk": topk[starts], "truth": truth, "valid": valid, "in_vocab": in_vocab}
+    out = {"pred": topk[starts][..., 0], "topk": topk[starts], "truth": truth, "valid": valid, "in_vocab": in_vocab}
+    if logits:
+        rows = (torch.arange(ids.shape[0] - 1).unsqueeze(1) + 1 + torch.arange(depth)).clamp(max=ids.shape[0] - 1)
+        out |= {"logits": logits_all[starts], "rows": rows[starts]}
+    return out
 
 
 def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8, tree_top_k: int = 4,

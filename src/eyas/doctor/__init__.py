@@ -12,8 +12,11 @@ just drops. `diagnose` looks three ways:
    every index 0..N plus the final-normed state (`collect`). Every alternative wiring is then a
    slice, permutation, norm or shift of those tensors, or a change to the drafter, scored on the
    same positions. A hypothesis is reported only when it beats the current wiring significantly
-   (`paired_test`, `beats`); the best one is adopted and the rest are re-tested against it, so a
-   second fault hiding behind the first is found too.
+   (`paired_test`, `beats`) on continuous evidence: the draft's log-probability of the target's
+   token and its divergence from the target's distribution, per position, so a fault shows even
+   on a weak draft whose argmax it rarely flips. The best one is adopted and the rest are
+   re-tested against it, so a second fault hiding behind the first is found too. An `ok` states
+   the smallest change it would have detected.
 3. Engine dumps: what an engine actually fed the draft (`features[t]` for `input_ids[t]`, layout in
    docs/engine-dumps.md) is matched chunk by chunk against the target's states (`match_dump`).
 
@@ -23,7 +26,7 @@ Nothing here prints except progress on stderr; `diagnose` returns a JSON-ready d
 Modules, in the order a diagnosis uses them:
 - `capture`: `Capture` and `collect`, the target's states recorded once per diagnosis; the defaults.
 - `wiring`: `Wiring`, every choice that decides what the draft computes, and `contract_wiring`.
-- `stats`: `Outcome` (per-position results) and the paired exact sign tests (`paired_test`, `beats`).
+- `stats`: `Outcome` (per-position results) and the paired tests (`paired_test`, `beats`, `detectable`).
 - `measure`: `Measurer`, the harness that runs the draft under any wiring and caches its outcome.
 - `hypotheses`: the catalogue of faults, each an alternative wiring with the fix it implies.
 - `findings`: how a finding is recorded and worded (`SLUGS`, the fault names).
@@ -41,7 +44,7 @@ from eyas.doctor.dumps import match_dump, read_dump
 from eyas.doctor.findings import SLUGS
 from eyas.doctor.measure import Measurer
 from eyas.doctor.report import format_report
-from eyas.doctor.stats import DEPTH, Outcome, beats, binomial_tail, paired_test
+from eyas.doctor.stats import DEPTH, Outcome, beats, binomial_tail, detectable, paired_test, signed_rank
 from eyas.doctor.wiring import Wiring, contract_wiring
 
 __all__ = [
@@ -58,9 +61,11 @@ __all__ = [
     "binomial_tail",
     "collect",
     "contract_wiring",
+    "detectable",
     "diagnose",
     "format_report",
     "match_dump",
     "paired_test",
     "read_dump",
+    "signed_rank",
 ]

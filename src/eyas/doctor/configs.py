@@ -12,7 +12,7 @@ from typing import Any
 
 from eyas.doctor.findings import make_finding, numbers
 from eyas.doctor.measure import Measurer
-from eyas.doctor.stats import beats, paired_test
+from eyas.doctor.stats import beats, p_value, paired_test, score
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint, read_checkpoint
 
@@ -72,7 +72,7 @@ def config_files(m: Measurer, files: dict[str, Wiring], reads: str, chosen: str,
     if len(set(files.values())) < 2:
         return [], {}, files[chosen]
     outs = {name: m.measure(w) for name, w in files.items()}
-    best = max(files, key=lambda n: (outs[n].depth1, outs[n].mean_accepted, n == reads))
+    best = max(files, key=lambda n: (*score(outs[n]), n == reads))
     table = {name: {**outs[name].summary(), "wiring": w.describe(), "read_by": _readers(name, reads, chosen)}
              for name, w in files.items()}
     what = "; ".join(disagree) or "they state different wirings"
@@ -86,10 +86,12 @@ def config_files(m: Measurer, files: dict[str, Wiring], reads: str, chosen: str,
                 "config_file", f"{name} ({_readers(name, reads, chosen)}) does not fit the weights; {best} does",
                 f"{what}. {name}: {files[name].describe()}; {best}: {files[best].describe()}. "
                 f"{numbers(outs[name], outs[best], test, tests)}", _fix(files, best, reads), outs[name], outs[best],
-                "measured", p_value=min(test["p_depth1"], test["p_chain"]))
+                "measured", p_value=p_value(test))
             return [finding], table, files[best]
     finding = make_finding("config_file", "the config files disagree and the measurement cannot tell which is right",
-                           f"{what}. " + "; ".join(f"{n}: depth-1 acceptance {outs[n].depth1:.3f}" for n in files),
+                           f"{what}. " + "; ".join(f"{n}: log-probability of the target's token "
+                                                    f"{outs[n].mean_logprob:.3f}, depth-1 acceptance "
+                                                    f"{outs[n].depth1:.3f}" for n in files),
                            "make the files agree: keep the one the draft was trained with, delete the others, then "
                            "eyas convert DIR OUT --format both", None, None, "static")
     return [finding], table, files[best]

@@ -25,16 +25,18 @@ from eyas.doctor.measure import Measurer
 from eyas.doctor.search import search
 from eyas.doctor.serving import serving, serving_wirings
 from eyas.doctor.static import fc_skipped, hazards, join_problems, other_problems
-from eyas.doctor.stats import ALPHA, DEPTH, MIN_GAIN_ACCEPTED, MIN_GAIN_DEPTH1
+from eyas.doctor.stats import ALPHA, DEPTH, MIN_DROP_KL, MIN_GAIN_LOGPROB, POWER, detectable, rounded
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
 from eyas.target import Target, resolve_target, target_config
 
-_TEST = (f"paired per position against the current wiring: exact McNemar on depth-1 outcomes and a sign test on "
-         f"accepted chain length (k={DEPTH}); significant when p x tests < {ALPHA} (Bonferroni) and the gain is >= "
-         f"{MIN_GAIN_DEPTH1} depth-1 acceptance or >= {MIN_GAIN_ACCEPTED} accepted tokens per chain; the best is "
-         "adopted, the rest re-tested. Features one position EARLY (t+1) are not tried: they hand the draft the "
-         "target's state after the token it must predict")
+_TEST = (f"paired per position against the current wiring: Wilcoxon signed-rank tests on the gain in the draft's "
+         f"log-probability of the target's token and on the drop in KL(target || draft) over the draft vocabulary "
+         f"(each averaged over a chain of k={DEPTH}); significant when p x tests < {ALPHA} (Bonferroni) and the gain "
+         f"is >= {MIN_GAIN_LOGPROB} nats of log-probability or >= {MIN_DROP_KL} nats of divergence; the best is "
+         "adopted, the rest re-tested. Depth-1 acceptance (exact McNemar) and accepted chain length (sign test) are "
+         "reported beside them. Features one position EARLY (t+1) are not tried: they hand the draft the target's "
+         "state after the token it must predict")
 
 
 def _cannot_measure(rep: CheckReport, ckpt: Checkpoint, tcfg: dict) -> str | None:
@@ -69,6 +71,7 @@ def _measure(m: Measurer, rep: CheckReport, cons: dict[str, dict[str, Any]], pat
         "contract": {"wiring": start.describe(), **m.measure(start).summary()},
         "trained_for": {"wiring": final.describe(), **m.measure(final).summary()},
         "hypotheses": table, "config_files": file_table, "serving": serve_table, "test": _TEST,
+        "detectable_logprob": _detectable(table, m.cap.positions),
     }
     return file_findings + found + serve_findings, final, section
 
@@ -85,11 +88,23 @@ def _states(capture: Capture | None, tgt_dir: Path, prompts: str | Path | None, 
     return capture_tokens(tgt, dump[0], f"the {dump[0].shape[0]} tokens of engine dump {features}"), dump
 
 
-def _measure_notes(cap: Capture, section: dict[str, Any]) -> list[str]:
-    """What limits the measurement: too few positions, or a draft that accepts nothing under any wiring."""
-    notes = []
-    if cap.positions < 200:
-        notes.append(f"only {cap.positions} positions measured: small faults may not reach significance")
+def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:
+    """`stats.detectable` for round 1 (every hypothesis against the wiring as the contract says)."""
+    first = [r for r in table if r["round"] == 1 and not r.get("error")]
+    sds = [r["sd_logprob"] for r in first if r["sd_logprob"] is not None]
+    return rounded(detectable(sds, positions, first[0]["tests"])) if first else None
+
+
+def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, limit: int | None, dump: bool) -> list[str]:
+    """What limits the measurement: how large a fault an `ok` could have missed (and how much data
+    halves that), or a draft that accepts nothing under any wiring."""
+    notes, mde = [], section["detectable_logprob"]
+    if not found and mde is not None:
+        more = ("a dump four times as long" if dump else "four times the prompts" if limit is None
+                else f"--limit {4 * limit}")
+        notes.append(f"no fault found over {cap.positions} positions: a wiring that raises the draft's mean "
+                     f"log-probability of the target's tokens by {mde:.3f} nats or more would have been found "
+                     f"({POWER:.0%} power); smaller faults can hide, and {more} halves what can")
     best = max([r["acceptance_depth1"] or 0 for r in section["hypotheses"]]
                + [section["trained_for"]["acceptance_depth1"] or 0])
     if best < 0.05:
@@ -157,7 +172,8 @@ def diagnose(
         t1 = time.perf_counter()
         m = Measurer(ckpt, cap)
         findings, final, report["measured"] = _measure(m, rep, cons, path, layer_convention, tcfg, progress)
-        report["notes"] += _measure_notes(cap, report["measured"])
+        report["notes"] += _measure_notes(cap, report["measured"], bool(findings),
+                                          None if capture is not None else limit, dump is not None)
         if dump is not None:
             dump_findings, report["dump"], dump_notes = dump_section(m, final, dump[1], Path(features), ckpt)
             findings += dump_findings

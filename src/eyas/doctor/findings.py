@@ -25,17 +25,23 @@ def make_finding(slug: str, title: str, evidence: str, fix: str, before: Outcome
             "acceptance_before": None if before is None else rounded(before.depth1),
             "acceptance_after": None if after is None else rounded(after.depth1),
             "tau_before": None if before is None else rounded(before.tau),
-            "tau_after": None if after is None else rounded(after.tau), "source": source, **extra}
+            "tau_after": None if after is None else rounded(after.tau),
+            "logprob_before": None if before is None else rounded(before.mean_logprob),
+            "logprob_after": None if after is None else rounded(after.mean_logprob),
+            "kl_before": None if before is None else rounded(before.mean_kl),
+            "kl_after": None if after is None else rounded(after.mean_kl), "source": source, **extra}
 
 
 def numbers(before: Outcome, after: Outcome, test: dict[str, Any], tests: int) -> str:
-    """The evidence of a measured finding: both outcomes and the paired test, in one sentence."""
+    """The evidence of a measured finding: both outcomes and the paired tests, in one sentence."""
     b, c = test["depth1_wins_losses"]
     w, l = test["chain_wins_losses"]
-    return (f"depth-1 acceptance {before.depth1:.3f} -> {after.depth1:.3f}, tau(5) {before.tau:.2f} -> "
-            f"{after.tau:.2f} over {test['positions']} positions; exact McNemar p = {test['p_depth1']:.1e} "
-            f"({b} positions gained, {c} lost), chain-length sign test p = {test['p_chain']:.1e} ({w}/{l}); "
-            f"{tests} test{'s' * (tests != 1)} in the round, Bonferroni at {ALPHA}")
+    return (f"log-probability of the target's token {before.mean_logprob:.3f} -> {after.mean_logprob:.3f} nats "
+            f"(signed-rank p = {test['p_logprob']:.1e}), divergence from the target {before.mean_kl:.3f} -> "
+            f"{after.mean_kl:.3f} nats (p = {test['p_kl']:.1e}) over {test['positions']} positions, {tests} "
+            f"test{'s' * (tests != 1)} in the round, Bonferroni at {ALPHA}; depth-1 acceptance {before.depth1:.3f} -> "
+            f"{after.depth1:.3f} (exact McNemar p = {test['p_depth1']:.1e}, {b} positions gained, {c} lost), tau(5) "
+            f"{before.tau:.2f} -> {after.tau:.2f} (chain-length sign test p = {test['p_chain']:.1e}, {w}/{l})")
 
 
 def differs(a: Wiring, b: Wiring) -> str:

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from eyas.contract import DraftContract, expected_shapes
 from eyas.doctor.capture import Capture
-from eyas.doctor.stats import DEPTH, Outcome
+from eyas.doctor.stats import DEPTH, FLOOR, Outcome, rejected
 from eyas.doctor.wiring import Wiring, stored_ids
 from eyas.drafter import Drafter, RMSNorm
 from eyas.errors import ContractError, EyasError
@@ -47,6 +47,7 @@ class Measurer:
         self._recovered: Tensor | None | bool = False  # False: not computed yet
         self._drafters: dict[tuple, Drafter] = {}
         self._outcomes: dict[Wiring, Outcome] = {}
+        self._log_p: dict[tuple, tuple[Tensor, Tensor]] = {}  # see `_target_log_probs`
 
     # -- the draft side --
     def drafter(self, w: Wiring, cls: type[Drafter] = Drafter) -> Drafter:
@@ -109,11 +110,11 @@ class Measurer:
     def _measure(self, w: Wiring) -> Outcome:
         bad = [k for k in w.layers if not 0 <= k <= self.N]
         if bad:
-            return self._rejected(f"layers {bad} do not exist in a {self.N}-layer target")
+            return rejected(self.cap.positions, f"layers {bad} do not exist in a {self.N}-layer target")
         try:
             drafter = self.drafter(w)
         except ContractError as e:  # e.g. a malformed stored d2t: engines would fail or misread it
-            return self._rejected(str(e))
+            return rejected(self.cap.positions, str(e))
         samples = [{**s, "features": self.features(s, w)} for s in self.cap.samples]
         return self.run(drafter, samples, self.greedy)
 
@@ -126,18 +127,49 @@ class Measurer:
         return self._greedy
 
     def run(self, drafter: Drafter, samples: list[dict[str, Tensor]], greedy_tokens: list[Tensor]) -> Outcome:
-        """Greedy chains of DEPTH draft tokens at every measured position of `samples`."""
+        """Greedy chains of DEPTH draft tokens at every measured position of `samples`, and the
+        continuous measures along them (`continuous`)."""
         parts = []
         with torch.inference_mode():
             for s, greedy in zip(samples, greedy_tokens, strict=True):
                 if int(s["loss_mask"].sum()) >= 2:
-                    parts.append(sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy))
+                    p = sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy, logits=True)
+                    parts.append(p | dict(zip(("logprob", "kl"), self.continuous(drafter, s, p), strict=True)))
         if not parts:
             raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
-        pred, truth, valid = (torch.cat([p[k] for p in parts]) for k in ("pred", "truth", "valid"))
+        pred, truth, valid, logprob, kl = (torch.cat([p[k] for p in parts])
+                                           for k in ("pred", "truth", "valid", "logprob", "kl"))
         rep = chain_acceptance(pred, truth, valid)
         accepted = torch.cummin(((pred == truth) & valid).int(), dim=1).values.sum(1)  # [P]
-        return Outcome(pred[:, 0] == truth[:, 0], accepted, rep["acceptance_by_depth"], rep["tau_chain"][str(DEPTH)])
+        return Outcome(pred[:, 0] == truth[:, 0], accepted, logprob, kl, rep["acceptance_by_depth"],
+                       rep["tau_chain"][str(DEPTH)])
+
+    def continuous(self, drafter: Drafter, sample: dict[str, Tensor], p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Per chain start of `p` (`sample_predictions(..., logits=True)`): the draft's log-probability
+        of the target's token (FLOOR when the draft vocabulary lacks it) and KL(target || draft) over
+        the draft vocabulary (the target's distribution renormalised there), each averaged over the
+        depths whose target token is known."""
+        log_q = p["logits"].float().log_softmax(-1)  # [N, D, Vd]
+        ids = drafter.to_target_ids(torch.arange(log_q.shape[-1]))  # target id of each draft id
+        draft_id = torch.full((self.lm_head.shape[0],), -1, dtype=torch.long).index_copy_(
+            0, ids, torch.arange(len(ids)))[p["truth"]]  # [N, D]; -1: not in the draft vocabulary
+        logprob = log_q.gather(-1, draft_id.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        logprob = logprob.masked_fill(draft_id < 0, FLOOR).clamp(min=FLOOR)
+        log_p = self._target_log_probs(sample, ids, p["rows"])  # [N, D, Vd]
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+        valid = p["valid"].double()
+        return ((logprob * valid).sum(1) / valid.sum(1)).float(), ((kl * valid).sum(1) / valid.sum(1)).float()
+
+    def _target_log_probs(self, sample: dict[str, Tensor], ids: Tensor, rows: Tensor) -> Tensor:
+        """The target's next-token log-probabilities over the draft vocabulary `ids` at `rows` of
+        `sample`, from its final-normed states. Cached per sample and vocabulary, and only from the
+        first measured row on: every hypothesis with the same vocab map reuses one product."""
+        first, states = int(rows.min()), sample["last_hidden"]
+        key = (id(states), first, len(ids), hash(ids.numpy().tobytes()))
+        if key not in self._log_p or self._log_p[key][0] is not states:  # the id of a freed tensor is reused
+            logits = states[first:].float() @ self.lm_head[ids].T  # [T - first, Vd]
+            self._log_p[key] = states, logits.log_softmax(-1)
+        return self._log_p[key][1][rows - first]
 
     def recovered(self) -> Tensor | None:
         """The vocab map read off lm_head (`recover_vocab_map`), computed once, when first asked for."""
@@ -152,11 +184,6 @@ class Measurer:
         c = self.contract.replace(draft_vocab_size=len(rows))
         sample = recover_vocab_map(self.ckpt.tensors["lm_head.weight"][rows], self.lm_head, c)
         return sample is None or bool((sample != ids[rows]).float().mean() > 0.1)
-
-    def _rejected(self, why: str) -> Outcome:
-        P = self.cap.positions
-        return Outcome(torch.zeros(P, dtype=torch.bool), torch.zeros(P, dtype=torch.long), [0.0] * DEPTH, 1.0, why)
-
 
 def _norm(weight: Tensor, eps: float) -> RMSNorm:
     """An RMSNorm holding a copy of the target's weight (the drafter's norm, so one formula)."""

@@ -22,8 +22,9 @@ def _measured(report: dict[str, Any]) -> list[str]:
     m = report["measured"]
     fit, said = m["trained_for"], m["contract"]
     return ["", f"the weights fit: {fit['wiring']}",
-            (f"  depth-1 acceptance {_num(fit['acceptance_depth1'])}, tau(5) {_num(fit['tau5'], '.2f')} (as "
-             f"the contract says: {_num(said['acceptance_depth1'])}, {_num(said['tau5'], '.2f')})")]
+            (f"  log-probability of the target's token {_num(fit['logprob'])} nats, depth-1 acceptance "
+             f"{_num(fit['acceptance_depth1'])}, tau(5) {_num(fit['tau5'], '.2f')} (as the contract says: "
+             f"{_num(said['logprob'])}, {_num(said['acceptance_depth1'])}, {_num(said['tau5'], '.2f')})")]
 
 
 def _dump(d: dict[str, Any]) -> list[str]:
@@ -36,11 +37,12 @@ def _dump(d: dict[str, Any]) -> list[str]:
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["", ("wirings measured (round: hypothesis, depth-1 acceptance, tau(5), p depth-1, * = significant; "
-                  "after round 1 only the significant):")]
+    lines = ["", ("wirings measured (round: hypothesis, log-probability of the target's token and its gain, p, "
+                  "depth-1 acceptance, tau(5); * = significant; after round 1 only the significant):")]
     for r in (r for r in rows if r["round"] == 1 or r["significant"]):
-        lines.append(f"  {r['round']}: {r['hypothesis']:<36} {_num(r['acceptance_depth1'])}  "
-                     f"{_num(r['tau5'], '.2f')}  p={r['p_depth1']:.1e}{' *' if r['significant'] else ''}")
+        lines.append(f"  {r['round']}: {r['hypothesis']:<36} {_num(r['logprob'], '.3f')} "
+                     f"({_num(r['gain_logprob'], '+.3f')}, p={r['p_logprob']:.1e})  {_num(r['acceptance_depth1'])}  "
+                     f"{_num(r['tau5'], '.2f')}{' *' if r['significant'] else ''}")
     return lines
 
 

@@ -20,17 +20,20 @@ from tqdm import tqdm
 from eyas.doctor.findings import make_finding, numbers, said
 from eyas.doctor.hypotheses import Hypothesis, hypotheses, layer_moves, layers_hypothesis
 from eyas.doctor.measure import Measurer
-from eyas.doctor.stats import Outcome, beats, paired_test, rounded, score
+from eyas.doctor.stats import Outcome, beats, p_value, paired_test, rounded, score
 from eyas.doctor.wiring import Wiring
 
 MAX_ROUNDS = 3  # adopt the best hypothesis, re-test the rest; at most this many faults in a row
 
 
-def _row(rnd: int, name: str, slug: str, out: Outcome, test: dict[str, Any], significant: bool) -> dict[str, Any]:
+def _row(rnd: int, name: str, slug: str, out: Outcome, test: dict[str, Any], tests: int,
+         significant: bool) -> dict[str, Any]:
     """One row of the table of every wiring measured."""
     return {"round": rnd, "hypothesis": name, "fault": slug, **out.summary(),
+            "gain_logprob": rounded(test["gain_logprob"]), "p_logprob": test["p_logprob"],
+            "drop_kl": rounded(test["drop_kl"]), "p_kl": test["p_kl"], "sd_logprob": rounded(test["sd_logprob"]),
             "gain_depth1": rounded(test["gain_depth1"]), "p_depth1": test["p_depth1"], "p_chain": test["p_chain"],
-            "significant": significant}
+            "tests": tests, "significant": significant}
 
 
 def climb(m: Measurer, h: Hypothesis, base: Wiring, base_out: Outcome, rnd: int, tests: int,
@@ -52,7 +55,7 @@ def climb(m: Measurer, h: Hypothesis, base: Wiring, base_out: Outcome, rnd: int,
         outs = [m.measure(t.wiring) for t in tried]
         for t, out in zip(tried, outs, strict=True):
             test = paired_test(base_out, out)
-            table.append(_row(rnd, t.name, t.slug, out, test, beats(test, tests)))
+            table.append(_row(rnd, t.name, t.slug, out, test, tests, beats(test, tests)))
         top = max(range(len(tried)), key=lambda i: score(outs[i]))
         if not beats(paired_test(best_out, outs[top]), 2 * len(tried)):
             break
@@ -67,7 +70,7 @@ def _round(m: Measurer, base: Wiring, hyps: list[Hypothesis], rnd: int, table: l
     for h in tqdm(hyps, desc=f"doctor round {rnd}", unit="wiring", file=sys.stderr, disable=not progress):
         out = m.measure(h.wiring)
         test = paired_test(base_out, out)
-        table.append(_row(rnd, h.name, h.slug, out, test, beats(test, tests)))
+        table.append(_row(rnd, h.name, h.slug, out, test, tests, beats(test, tests)))
         if table[-1]["significant"]:
             winners.append((h, out))
     if not winners:
@@ -79,7 +82,7 @@ def _round(m: Measurer, base: Wiring, hyps: list[Hypothesis], rnd: int, table: l
     test = paired_test(base_out, out)
     finding = make_finding(h.slug, f"the weights fit {h.trained_for}, not {said(h.slug, base, h.wiring)}",
                            f"{h.name}: {numbers(base_out, out, test, tests)}", h.fix, base_out, out, "measured",
-                           hypothesis=h.name, p_value=min(test["p_depth1"], test["p_chain"]), round=rnd)
+                           hypothesis=h.name, p_value=p_value(test), round=rnd)
     return finding, h.wiring
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from eyas.doctor.findings import differs, make_finding, numbers, said
 from eyas.doctor.hypotheses import config_edits
 from eyas.doctor.measure import Measurer
-from eyas.doctor.stats import beats, paired_test
+from eyas.doctor.stats import beats, p_value, paired_test
 from eyas.doctor.wiring import Wiring
 from eyas.formats import NORM_FLAGS, Checkpoint
 
@@ -68,5 +68,5 @@ def serving(m: Measurer, wirings: dict[Wiring, list[str]], final: Wiring, covere
                 slug, f"{', '.join(names)} would wire it with {said(slug, w, final)}; the weights fit "
                       f"{said(slug, final, w)}", numbers(out, final_out, test, len(todo)),
                 _fix(slug, ckpt, final, w, names), out, final_out, "serving", consumers=names,
-                p_value=min(test["p_depth1"], test["p_chain"])))
+                p_value=p_value(test)))
     return findings, table
