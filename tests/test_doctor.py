@@ -45,7 +45,7 @@ from eyas.doctor import (
     read_dump,
 )
 from eyas.doctor.hypotheses import layer_moves
-from eyas.doctor.stats import MIN_GAIN_LOGPROB, detectable, signed_rank
+from eyas.doctor.stats import MIN_GAIN_LOGPROB, detectable, loses_acceptance, signed_rank
 from eyas.errors import FormatError
 from eyas.formats import IDS, read_checkpoint, sglang_layer_ids
 from eyas.target import Target
@@ -335,6 +335,19 @@ def test_continuous_evidence_decides_where_acceptance_cannot():
     assert not beats(paired_test(_outcome(first, accepted, (base_lp + 0.05).tolist()), base), tests=1)
 
 
+def test_a_wiring_that_loses_acceptance_never_wins():
+    """An overfit draft fed a smoothed input: more probability on the target's tokens on average and
+    less divergence, but fewer argmaxes right. The continuous tests alone would call it better."""
+    g = torch.Generator().manual_seed(2)
+    base_lp = -2.0 + 0.5 * torch.randn(400, generator=g)
+    base = _outcome([1] * 300 + [0] * 100, [2] * 300 + [0] * 100, base_lp.tolist())
+    alt = _outcome([1] * 260 + [0] * 140, [2] * 260 + [0] * 140, (base_lp + 0.2).tolist())  # 40 lost, none won
+    t = paired_test(base, alt)
+    assert t["p_logprob"] < 1e-20 and t["p_kl"] < 1e-20 and t["p_depth1_worse"] < 1e-6
+    assert loses_acceptance(t) and not beats(t, tests=50)
+    assert not loses_acceptance(paired_test(base, base))  # equal acceptance is no loss
+
+
 def test_detectable_effect_shrinks_with_positions():
     one = detectable([0.2, 0.3, 1.0], positions=400, tests=40)
     assert one == pytest.approx(detectable([0.3], positions=400, tests=40))  # the median spread
@@ -352,7 +365,7 @@ def healthy_report(healthy, states):
 
 def test_healthy_draft_is_ok(healthy_report):
     rep = healthy_report
-    assert rep["verdict"] == "ok" and rep["findings"] == []
+    assert rep["verdict"] == "ok" and rep["findings"] == [], format_report(rep)
     m = rep["measured"]
     assert m["contract"]["acceptance_depth1"] > 0.6 and m["positions"] > 500
     assert m["trained_for"] == m["contract"]
@@ -375,7 +388,7 @@ def test_checkpoint_fault_is_named_first(slug, healthy, states, tmp_path):
     assert first["acceptance_after"] > first["acceptance_before"] + 0.1
     assert first["acceptance_after"] == rep["measured"]["trained_for"]["acceptance_depth1"]
     layers = [5, 1, 3] if slug == "concat_order" else LAYERS  # fc's blocks, as injected, read [5, 1, 3]
-    assert f"capture layers {layers}" in rep["trained_for"] and "rope theta 10," in rep["trained_for"]
+    assert f"capture layers {layers}" in rep["trained_for"] and "rope theta 10," in rep["trained_for"], format_report(rep)
 
 
 def test_fixes_name_the_exact_change(healthy, states, tmp_path):

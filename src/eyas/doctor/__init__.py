@@ -14,9 +14,10 @@ just drops. `diagnose` looks three ways:
    same positions. A hypothesis is reported only when it beats the current wiring significantly
    (`paired_test`, `beats`) on continuous evidence: the draft's log-probability of the target's
    token and its divergence from the target's distribution, per position, so a fault shows even
-   on a weak draft whose argmax it rarely flips. The best one is adopted and the rest are
-   re-tested against it, so a second fault hiding behind the first is found too. An `ok` states
-   the smallest change it would have detected.
+   on a weak draft whose argmax it rarely flips; never one that measurably loses acceptance. The
+   winner that accepts the most is adopted and the rest are re-tested against it, so a second
+   fault hiding behind the first is found too. An `ok` states the smallest change it would have
+   detected.
 3. Engine dumps: what an engine actually fed the draft (`features[t]` for `input_ids[t]`, layout in
    docs/engine-dumps.md) is matched chunk by chunk against the target's states (`match_dump`).
 

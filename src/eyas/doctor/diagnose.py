@@ -25,7 +25,7 @@ from eyas.doctor.measure import Measurer
 from eyas.doctor.search import search
 from eyas.doctor.serving import serving, serving_wirings
 from eyas.doctor.static import fc_skipped, hazards, join_problems, other_problems
-from eyas.doctor.stats import ALPHA, DEPTH, MIN_DROP_KL, MIN_GAIN_LOGPROB, POWER, detectable, rounded
+from eyas.doctor.stats import ACCEPTANCE_ALPHA, ALPHA, DEPTH, MIN_DROP_KL, MIN_GAIN_LOGPROB, POWER, detectable, rounded
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
 from eyas.target import Target, resolve_target, target_config
@@ -33,9 +33,9 @@ from eyas.target import Target, resolve_target, target_config
 _TEST = (f"paired per position against the current wiring: Wilcoxon signed-rank tests on the gain in the draft's "
          f"log-probability of the target's token and on the drop in KL(target || draft) over the draft vocabulary "
          f"(each averaged over a chain of k={DEPTH}); significant when p x tests < {ALPHA} (Bonferroni) and the gain "
-         f"is >= {MIN_GAIN_LOGPROB} nats of log-probability or >= {MIN_DROP_KL} nats of divergence; the best is "
-         "adopted, the rest re-tested. Depth-1 acceptance (exact McNemar) and accepted chain length (sign test) are "
-         "reported beside them. Features one position EARLY (t+1) are not tried: they hand the draft the target's "
+         f"is >= {MIN_GAIN_LOGPROB} nats of log-probability or >= {MIN_DROP_KL} nats of divergence, unless the "
+         f"wiring loses acceptance (exact one-sided McNemar or chain sign test p < {ACCEPTANCE_ALPHA}); the best is "
+         "adopted, the rest re-tested. Depth-1 acceptance and accepted chain length are reported beside them. Features one position EARLY (t+1) are not tried: they hand the draft the target's "
          "state after the token it must predict")
 
 

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from eyas.doctor.findings import make_finding, numbers, said
 from eyas.doctor.hypotheses import Hypothesis, hypotheses, layer_moves, layers_hypothesis
 from eyas.doctor.measure import Measurer
-from eyas.doctor.stats import Outcome, beats, p_value, paired_test, rounded, score
+from eyas.doctor.stats import Outcome, beats, loses_acceptance, p_value, paired_test, rounded, score
 from eyas.doctor.wiring import Wiring
 
 MAX_ROUNDS = 3  # adopt the best hypothesis, re-test the rest; at most this many faults in a row
@@ -33,6 +33,7 @@ def _row(rnd: int, name: str, slug: str, out: Outcome, test: dict[str, Any], tes
             "gain_logprob": rounded(test["gain_logprob"]), "p_logprob": test["p_logprob"],
             "drop_kl": rounded(test["drop_kl"]), "p_kl": test["p_kl"], "sd_logprob": rounded(test["sd_logprob"]),
             "gain_depth1": rounded(test["gain_depth1"]), "p_depth1": test["p_depth1"], "p_chain": test["p_chain"],
+            "loses_acceptance": loses_acceptance(test),
             "tests": tests, "significant": significant}
 
 

@@ -26,6 +26,7 @@ FLOOR = -20.0  # log-probability floor, nats: a target token outside the draft v
 MIN_GAIN_LOGPROB = 0.005  # a significant change must also be more than rounding: +0.005 nats of log-probability
 MIN_DROP_KL = 0.005  # or 0.005 nats less divergence from the target
 POWER = 0.8  # the power at which the report states the smallest fault it could detect
+ACCEPTANCE_ALPHA = 0.05  # a wiring that loses acceptance at this one-sided level never wins
 
 
 @dataclass
@@ -84,10 +85,11 @@ def rounded(x: float | None, n: int = 4) -> float | None:
 
 
 def score(out: Outcome) -> tuple[float, float]:
-    """What "measured better" means wherever wirings are ranked: a higher log-probability of the
-    target's tokens (continuous, so it orders even wirings with equal acceptance), then more draft
-    tokens accepted per chain."""
-    return out.mean_logprob, out.mean_accepted
+    """What "measured better" means where wirings that passed the test are ranked: more draft tokens
+    accepted per chain (what the doctor is for: the continuous measures can favour a smoothed input
+    to an overfit draft, see `loses_acceptance`), then the log-probability of the target's tokens,
+    which orders wirings of equal acceptance."""
+    return out.mean_accepted, out.mean_logprob
 
 
 def binomial_tail(k: int, n: int) -> float:
@@ -125,7 +127,8 @@ def paired_test(base: Outcome, alt: Outcome) -> dict[str, Any]:
     Deciding (`beats`): signed-rank tests on the per-position gain in log-probability of the
     target's token and on the per-position drop in divergence. Reported beside them: the exact
     one-sided McNemar test on depth-1 outcomes (`alt` wins b and loses c of the discordant
-    positions; p = P(X >= b), X ~ Bin(b + c, 1/2)) and the same sign test on accepted chain length.
+    positions; p = P(X >= b), X ~ Bin(b + c, 1/2)) and the same sign test on accepted chain length,
+    each also in the other direction (`p_depth1_worse`, `p_chain_worse`: does `alt` lose?).
     """
     b = int((alt.first & ~base.first).sum())
     c = int((base.first & ~alt.first).sum())
@@ -142,6 +145,8 @@ def paired_test(base: Outcome, alt: Outcome) -> dict[str, Any]:
         "p_depth1": binomial_tail(b, b + c),
         "chain_wins_losses": [wins, losses],
         "p_chain": binomial_tail(wins, wins + losses),
+        "p_depth1_worse": binomial_tail(c, b + c),
+        "p_chain_worse": binomial_tail(losses, wins + losses),
         "gain_depth1": alt.depth1 - base.depth1,
         "gain_accepted": alt.mean_accepted - base.mean_accepted,
     }
@@ -152,9 +157,21 @@ def p_value(test: dict[str, Any]) -> float:
     return min(test["p_logprob"], test["p_kl"])
 
 
+def loses_acceptance(test: dict[str, Any]) -> bool:
+    """The alternative accepts fewer draft tokens, measurably (an exact one-sided test at
+    ACCEPTANCE_ALPHA, depth 1 or chain length). An overfit draft can fit a smoothed input better
+    (a neighbouring capture layer, say): the target's tokens get more probability on average and the
+    divergence drops, yet fewer of its argmaxes are right. Such a wiring is not the one it was trained
+    with, and no fix that costs acceptance is recommended."""
+    return min(test["p_depth1_worse"], test["p_chain_worse"]) < ACCEPTANCE_ALPHA
+
+
 def beats(test: dict[str, Any], tests: int) -> bool:
     """Significant after Bonferroni over `tests` tests (p * tests < ALPHA) AND large enough to matter,
-    on the log-probability of the target's token or on the divergence from the target."""
+    on the log-probability of the target's token or on the divergence from the target; and no
+    measurable loss of acceptance (`loses_acceptance`)."""
+    if loses_acceptance(test):
+        return False
     return (test["p_logprob"] * tests < ALPHA and test["gain_logprob"] >= MIN_GAIN_LOGPROB) or (
         test["p_kl"] * tests < ALPHA and test["drop_kl"] >= MIN_DROP_KL)
 
