@@ -176,9 +176,9 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     assert sweep["cache"] == str(path)
     stored = json.loads(path.read_text())
     assert len(stored) == 1 and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    key = json.loads(next(iter(stored)))  # target, drafter, dtype, machine, cpus, instruction sets, threads
+    key = json.loads(next(iter(stored)))  # target, drafter, dtype, machine, cpus, instruction sets, dispatched set, threads
     assert key[:3] == [name, str(draft.resolve()), "bf16"] and key[4] == os.cpu_count()
-    assert key[5:] == [cpu_flags(), torch.get_num_threads()]
+    assert key[5:] == [cpu_flags(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()]
     assert sweep["beats_target"] == (sweep["best_tokens_per_s"] > sweep["target_tokens_per_s"])
     entry = read_best_shape(name, draft, "bf16")
     assert entry["best"] == sweep["best"] and entry["max_new_tokens"] == 5

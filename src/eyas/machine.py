@@ -4,7 +4,8 @@ What decodes fastest (a dtype, a draft shape) depends on the CPU's instruction s
 anything else: bf16 products are fast where the CPU has bf16 dot products (avx512_bf16, AMX) and
 slow where it must convert (AVX2 only), so a shape measured on one machine can be the slowest on
 another. Measurements are therefore cached keyed by `machine_key` (architecture, core count, the
-instruction sets that matter, torch's thread count) and never reused elsewhere.
+instruction sets that matter and the one torch dispatches to, torch's thread count) and never reused
+elsewhere.
 
     cpu_flags / cpu_model  what /proc/cpuinfo says about the CPU (recorded in bench reports)
     machine_key            the part of a cache key that names this machine
@@ -63,8 +64,11 @@ def cpu_model() -> str:
 
 
 def machine_key() -> list:
-    """[architecture, logical CPUs, instruction sets, torch threads]: what a timing depends on here."""
-    return [platform.machine(), os.cpu_count(), cpu_flags(), torch.get_num_threads()]
+    """[architecture, logical CPUs, instruction sets, the set torch dispatches to, torch threads]: what
+    a timing depends on here. The dispatched set differs from the CPU's flags when it is capped
+    (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU): then other kernels run, and other shapes win."""
+    return [platform.machine(), os.cpu_count(), cpu_flags(), torch.backends.cpu.get_cpu_capability(),
+            torch.get_num_threads()]
 
 
 # --- measured results, cached per key -----------------------------------------------------------

@@ -47,6 +47,7 @@ def environment(dtype: torch.dtype) -> dict:
         "machine": platform.machine(),
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),  # the instruction sets measured shapes and dtypes are keyed by
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # what torch dispatches to (capped or not)
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "eyas_version": version,
