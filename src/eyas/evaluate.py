@@ -29,6 +29,12 @@ from eyas.shift import label_ids, shift_for_draft
 from eyas.target import Target, resolve_target, target_config, target_name, target_tensors
 
 
+def chain_positions(T: int, depth: int) -> torch.Tensor:
+    """[T, depth]: t + 1 + j, the position whose target token depth j of a chain from t predicts
+    (>= T past the sample's end)."""
+    return torch.arange(T).unsqueeze(1) + 1 + torch.arange(depth).unsqueeze(0)
+
+
 def chain_truth(input_ids: torch.Tensor, greedy: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Ground truth and validity for chains of `depth` draft tokens from every position.
 
@@ -39,7 +45,7 @@ def chain_truth(input_ids: torch.Tensor, greedy: torch.Tensor, depth: int) -> tu
     replaces, so that token must be the target's greedy choice (x_{t+1+j} == y_{t+j}).
     """
     T = input_ids.shape[0]
-    idx = torch.arange(T).unsqueeze(1) + 1 + torch.arange(depth).unsqueeze(0)  # [T, depth]
+    idx = chain_positions(T, depth)
     inside = idx < T
     idx_c = idx.clamp(max=T - 1)
     truth = greedy[idx_c]
@@ -137,7 +143,7 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
         in_vocab = torch.ones_like(truth[:, 0], dtype=torch.bool)
     out = {"pred": topk[starts][..., 0], "topk": topk[starts], "truth": truth, "valid": valid, "in_vocab": in_vocab}
     if logits:
-        rows = (torch.arange(ids.shape[0] - 1).unsqueeze(1) + 1 + torch.arange(depth)).clamp(max=ids.shape[0] - 1)
+        rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)
         out |= {"logits": logits_all[starts], "rows": rows[starts]}
     return out
 

@@ -35,8 +35,9 @@ _TEST = (f"paired per position against the current wiring: Wilcoxon signed-rank 
          f"(each averaged over a chain of k={DEPTH}); significant when p x tests < {ALPHA} (Bonferroni) and the gain "
          f"is >= {MIN_GAIN_LOGPROB} nats of log-probability or >= {MIN_DROP_KL} nats of divergence, unless the "
          f"wiring loses acceptance (exact one-sided McNemar or chain sign test p < {ACCEPTANCE_ALPHA}); the best is "
-         "adopted, the rest re-tested. Depth-1 acceptance and accepted chain length are reported beside them. Features one position EARLY (t+1) are not tried: they hand the draft the target's "
-         "state after the token it must predict")
+         "adopted, the rest re-tested. Depth-1 acceptance and accepted chain length are reported beside them. "
+         "Features one position EARLY (t+1) are not tried: they hand the draft the target's state after the token "
+         "it must predict")
 
 
 def _cannot_measure(rep: CheckReport, ckpt: Checkpoint, tcfg: dict) -> str | None:

@@ -129,12 +129,12 @@ class Measurer:
     def run(self, drafter: Drafter, samples: list[dict[str, Tensor]], greedy_tokens: list[Tensor]) -> Outcome:
         """Greedy chains of DEPTH draft tokens at every measured position of `samples`, and the
         continuous measures along them (`continuous`)."""
-        parts = []
+        parts, vocab = [], self._vocab(drafter)
         with torch.inference_mode():
             for s, greedy in zip(samples, greedy_tokens, strict=True):
                 if int(s["loss_mask"].sum()) >= 2:
                     p = sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy, logits=True)
-                    parts.append(p | dict(zip(("logprob", "kl"), self.continuous(drafter, s, p), strict=True)))
+                    parts.append(p | dict(zip(("logprob", "kl"), self.continuous(s, p, vocab), strict=True)))
         if not parts:
             raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
         pred, truth, valid, logprob, kl = (torch.cat([p[k] for p in parts])
@@ -144,28 +144,35 @@ class Measurer:
         return Outcome(pred[:, 0] == truth[:, 0], accepted, logprob, kl, rep["acceptance_by_depth"],
                        rep["tau_chain"][str(DEPTH)])
 
-    def continuous(self, drafter: Drafter, sample: dict[str, Tensor], p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    def _vocab(self, drafter: Drafter) -> tuple[Tensor, Tensor, tuple]:
+        """The draft vocabulary as target ids, the draft id of every target id (-1: not drafted), and a
+        key naming that vocabulary (for `_target_log_probs`'s cache). Once per run, not per sample."""
+        ids = drafter.to_target_ids(torch.arange(drafter.lm_head.out_features))
+        draft_id = torch.full((self.lm_head.shape[0],), -1, dtype=torch.long).index_copy_(0, ids, torch.arange(len(ids)))
+        return ids, draft_id, (len(ids), hash(ids.numpy().tobytes()))
+
+    def continuous(self, sample: dict[str, Tensor], p: dict[str, Tensor],
+                   vocab: tuple[Tensor, Tensor, tuple]) -> tuple[Tensor, Tensor]:
         """Per chain start of `p` (`sample_predictions(..., logits=True)`): the draft's log-probability
         of the target's token (FLOOR when the draft vocabulary lacks it) and KL(target || draft) over
         the draft vocabulary (the target's distribution renormalised there), each averaged over the
-        depths whose target token is known."""
+        depths whose target token is known. `vocab`: `_vocab(drafter)`."""
+        ids, draft_id, key = vocab
         log_q = p["logits"].float().log_softmax(-1)  # [N, D, Vd]
-        ids = drafter.to_target_ids(torch.arange(log_q.shape[-1]))  # target id of each draft id
-        draft_id = torch.full((self.lm_head.shape[0],), -1, dtype=torch.long).index_copy_(
-            0, ids, torch.arange(len(ids)))[p["truth"]]  # [N, D]; -1: not in the draft vocabulary
-        logprob = log_q.gather(-1, draft_id.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        logprob = logprob.masked_fill(draft_id < 0, FLOOR).clamp(min=FLOOR)
-        log_p = self._target_log_probs(sample, ids, p["rows"])  # [N, D, Vd]
+        d = draft_id[p["truth"]]  # [N, D]; -1: not in the draft vocabulary
+        logprob = log_q.gather(-1, d.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        logprob = logprob.masked_fill(d < 0, FLOOR).clamp(min=FLOOR)
+        log_p = self._target_log_probs(sample, ids, key, p["rows"])  # [N, D, Vd]
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
         valid = p["valid"].double()
         return ((logprob * valid).sum(1) / valid.sum(1)).float(), ((kl * valid).sum(1) / valid.sum(1)).float()
 
-    def _target_log_probs(self, sample: dict[str, Tensor], ids: Tensor, rows: Tensor) -> Tensor:
+    def _target_log_probs(self, sample: dict[str, Tensor], ids: Tensor, vocab_key: tuple, rows: Tensor) -> Tensor:
         """The target's next-token log-probabilities over the draft vocabulary `ids` at `rows` of
         `sample`, from its final-normed states. Cached per sample and vocabulary, and only from the
         first measured row on: every hypothesis with the same vocab map reuses one product."""
         first, states = int(rows.min()), sample["last_hidden"]
-        key = (id(states), first, len(ids), hash(ids.numpy().tobytes()))
+        key = (id(states), first, *vocab_key)
         if key not in self._log_p or self._log_p[key][0] is not states:  # the id of a freed tensor is reused
             logits = states[first:].float() @ self.lm_head[ids].T  # [T - first, Vd]
             self._log_p[key] = states, logits.log_softmax(-1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eyas.doctor.dumps import chunk_text
+from eyas.doctor.stats import p_value
 
 
 def _num(x: float | None, spec: str = ".3f") -> str:
@@ -43,7 +44,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     for r in (r for r in rows if r["round"] == 1 or r["significant"]):
         mark = " *" if r["significant"] else " -" if r.get("loses_acceptance") else ""
         lines.append(f"  {r['round']}: {r['hypothesis']:<36} {_num(r['logprob'], '.3f')} "
-                     f"({_num(r['gain_logprob'], '+.3f')}, p={min(r['p_logprob'], r['p_kl']):.1e})  "
+                     f"({_num(r['gain_logprob'], '+.3f')}, p={p_value(r):.1e})  "
                      f"{_num(r['acceptance_depth1'])}  {_num(r['tau5'], '.2f')}{mark}")
     return lines
 
