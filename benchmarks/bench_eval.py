@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/bench_eval.py --data SHARDS [--drafter DIR] [--depth 5] [--limit 32]
 
 Times `evaluate_samples` (the target's greedy tokens from the stored final hidden state, then one
-teacher-forced draft unroll of `depth` steps per sample) after a warm-up sample, in bf16 and fp32,
-and prints tokens/s for each plus their ratio measured in the same run. A token is a stored
-position of a sample (prompt and answer), as `eyas eval`'s progress bar counts them.
+teacher-forced draft unroll of `depth` steps per sample, at the chain starts, pruned where chain and
+tree have ended) after a warm-up sample, each timed sample once as `eyas eval` runs it, in bf16 and
+fp32, and prints tokens/s and answer positions/s for each plus their ratio measured in the same run.
+A token is a stored position of a sample (prompt and answer), as `eyas eval`'s progress bar counts
+them; an answer position is one `eyas eval` measures (its report's `tokens`, plus one per sample).
 """
 
 from __future__ import annotations
@@ -20,22 +22,25 @@ import torch
 
 from eyas.bench import git_commit
 from eyas.data import open_shards
-from eyas.drafter import Drafter
+from eyas.drafter_loading import load_drafter
 from eyas.evaluate import evaluate_samples
 from eyas.target import target_tensors
 
 
 def bench_eval(data: str, drafter: str | None, depth: int, limit: int, dtype: torch.dtype) -> dict:
     samples = list(itertools.islice(open_shards(data), limit + 1))
-    draft = Drafter.load(drafter, dtype=dtype)
+    draft = load_drafter(drafter, dtype=dtype)
     lm_head = target_tensors(None, ["lm_head.weight"])["lm_head.weight"].to(dtype)
     evaluate_samples(draft, samples[:1], lm_head, depth=depth)  # warm-up
     tokens = sum(int(s["input_ids"].shape[0]) for s in samples[1:])
-    start = time.perf_counter()
+    answer = sum(int(s["loss_mask"].sum()) for s in samples[1:])
+    start, cpu = time.perf_counter(), time.process_time()
     rep = evaluate_samples(draft, samples[1:], lm_head, depth=depth)
-    seconds = time.perf_counter() - start
-    return {"dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "seconds": round(seconds, 3),
-            "tokens_per_s": round(tokens / seconds, 1), f"tau_{depth}": rep["tau_chain"][str(depth)]}
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "answer_positions": answer,
+            "seconds": round(seconds, 3), "cpu_seconds": round(cpu, 3), "tokens_per_s": round(tokens / seconds, 1),
+            "answer_positions_per_s": round(answer / seconds, 1), f"tau_{depth}": rep["tau_chain"][str(depth)],
+            "tau_tree": rep["tau_tree"]["tau"]}
 
 
 def main() -> None:
@@ -51,7 +56,9 @@ def main() -> None:
     runs = {name: bench_eval(args.data, args.drafter, args.depth, args.limit, dt)
             for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
     for name, r in runs.items():
-        print(f"{name}: {r['tokens']} tokens in {r['seconds']} s = {r['tokens_per_s']} tokens/s", file=sys.stderr)
+        print(f"{name}: {r['tokens']} tokens ({r['answer_positions']} answer positions) in {r['seconds']} s "
+              f"(CPU {r['cpu_seconds']} s) = {r['tokens_per_s']} tokens/s, {r['answer_positions_per_s']} answer "
+              "positions/s", file=sys.stderr)
     ratio = runs["bf16"]["tokens_per_s"] / runs["fp32"]["tokens_per_s"]
     print(f"bf16 / fp32 throughput: {ratio:.2f}x", file=sys.stderr)
     print(json.dumps({"bench": "eval", **runs, "bf16_over_fp32": round(ratio, 3), "depth": args.depth,

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import eyas.bench.run as bench_run
+import eyas.bench.sweep as sweep_module
 from eyas import bench
 from eyas.bench import METHODS, bench_prompts, format_bench, run_bench
 from eyas import dtype_choice
@@ -23,12 +24,13 @@ from eyas.data import eos_ids
 from eyas.decode import DecodeStats, DraftTree, generate
 from eyas.draft_shape import decode_shape, parse_tree, read_best_shape, save_best_shape
 from eyas.drafter_loading import load_drafter
-from eyas.dtype_choice import resolve_dtype
+from eyas.dtype_choice import hf_dtypes, resolve_dtype
 from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats import write_checkpoint
 from eyas.generate import (
     DECODE_DTYPES,
+    MEASURED_NOW,
     NGRAM_TOKENS,
     TARGET_ALONE,
     TextStream,
@@ -53,6 +55,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def private_cache(tmp_path, monkeypatch):
     """Every test gets its own shape cache; the user's is never read or written."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True)
+def no_quick_sweep(request, monkeypatch):
+    """Bench and generate measure a shape when none is cached (the quick sweep); tests that do not
+    test it see the uncached defaults (None: nothing was measured)."""
+    if "real_quick_sweep" not in request.fixturenames:
+        monkeypatch.setattr(sweep_module, "quick_sweep", lambda *a, **kw: None)
+
+
+@pytest.fixture
+def real_quick_sweep():
+    """Opts a test out of no_quick_sweep."""
 
 
 @pytest.fixture(scope="module")
@@ -404,12 +419,13 @@ def test_dtype_auto_is_measured_once_per_machine(saved, monkeypatch):
     target, draft = saved
     measured = dtype_choice.measure_dtypes(target, sizes=(1, 3), repeats=1)
     assert set(measured["forward_ms"]) == {"bf16", "fp32"} and measured["sizes"] == [1, 3]
-    assert measured["dtype"] == min(measured["forward_ms"], key=lambda d: sum(measured["forward_ms"][d].values()))
+    assert measured["dtype"] == min(measured["forward_ms"], key=lambda d: dtype_choice.per_token_ms(measured["forward_ms"][d]))
     calls = []
 
     def fake(spec, **kw):
         calls.append(spec)
-        return {"dtype": "fp32", "forward_ms": {"bf16": {"1": 9.0}, "fp32": {"1": 5.0}}, "sizes": [1]}
+        return {"dtype": "fp32", "forward_ms": {"bf16": {"1": 9.0}, "fp32": {"1": 5.0}}, "sizes": [1],
+                "hf_dtypes": {"hf_greedy": "bf16", "hf_prompt_lookup": "fp32"}}
 
     monkeypatch.setattr(dtype_choice, "measure_dtypes", fake)
     assert resolve_dtype("auto", target) == (torch.float32, "auto: measured on this machine")
@@ -417,9 +433,61 @@ def test_dtype_auto_is_measured_once_per_machine(saved, monkeypatch):
     assert resolve_dtype("bf16", target) == (torch.bfloat16, "given") and len(calls) == 1
     out = run_generate(draft, "hello world", target=target, max_new_tokens=3)  # the default dtype is auto
     assert out["dtype"] == "fp32" and out["dtype_source"].startswith("auto") and len(calls) == 1
+    assert hf_dtypes("auto", target) == {"hf_greedy": (torch.bfloat16, "auto: measured on this machine (cached)"),
+                                         "hf_prompt_lookup": (torch.float32, "auto: measured on this machine (cached)")}
+    assert hf_dtypes("fp32", target)["hf_greedy"] == (torch.float32, "given") and len(calls) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another machine key: measured again
     resolve_dtype("auto", target)
     assert len(calls) == 2
+
+
+def test_dtype_auto_keeps_the_cheapest_way_of_decoding_per_token():
+    """bf16 whose one-token step is fastest wins even where its verify is slow (AVX2: the draft is
+    then turned off by the sweep); where both speculate, the cheaper verify per token wins."""
+    avx2 = {"bf16": {1: 25.2, 5: 83.3, 17: 261.6}, "fp32": {1: 47.2, 5: 60.2, 17: 92.0}}
+    assert min(avx2, key=lambda d: dtype_choice.per_token_ms(avx2[d])) == "bf16"
+    assert dtype_choice.per_token_ms(avx2["bf16"]) == 25.2 and dtype_choice.per_token_ms(avx2["fp32"]) == 30.1
+    amx = {"bf16": {1: 40.0, 5: 46.5, 17: 53.5}, "fp32": {1: 57.8, 5: 65.6, 17: 92.5}}
+    assert min(amx, key=lambda d: dtype_choice.per_token_ms(amx[d])) == "bf16"
+
+
+def test_dtype_auto_times_each_baseline_in_transformers_own_forward(saved):
+    target, _ = saved
+    measured = dtype_choice.measure_dtypes(target, sizes=(1,), repeats=1)
+    hf = measured["hf_forward_ms"]
+    assert set(hf) == {"bf16", "fp32"} and all(set(v) == {1, 11} for v in hf.values())
+    assert measured["hf_dtypes"]["hf_greedy"] == min(hf, key=lambda d: hf[d][1])
+    assert measured["hf_dtypes"]["hf_prompt_lookup"] == min(hf, key=lambda d: hf[d][1] + hf[d][11])
+
+
+def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_path, monkeypatch, capsys,
+                                                                    real_quick_sweep):
+    """No shape cached: a quick sweep runs (said on stderr, with its cost), is cached, and is reused."""
+    target, draft = saved
+    monkeypatch.setattr(sweep_module, "QUICK_CHAINS", (1, 2))
+    monkeypatch.setattr(sweep_module, "QUICK_TREES", ((2, 2, 3),))
+    monkeypatch.setattr(sweep_module, "QUICK_PROMPTS", 2)
+    monkeypatch.setattr(sweep_module, "QUICK_TOKENS", 4)
+    out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)
+    err = capsys.readouterr().err
+    assert "no draft shape measured" in err and "cached in" in err and "took" in err
+    name = Target.load(target).name
+    entry = read_best_shape(name, draft, "fp32")
+    assert entry is not None and [r["shape"] for r in entry["results"]] == [
+        {"draft_tokens": 1}, {"draft_tokens": 2}, {"tree": [2, 2, 3]}]
+    used = entry["best"] if entry["beats_target"] else None
+    assert out["shape"] == used and out["shape_source"] == (MEASURED_NOW if used else TARGET_ALONE)
+    again = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)
+    assert "no draft shape measured" not in capsys.readouterr().err
+    assert again["shape"] == used and again["shape_source"] == ("sweep cache" if used else TARGET_ALONE)
+    rep = run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=4, limit=1,
+                    progress=False)
+    assert rep["sweep"] is None and rep["shapes"]["source"]["eyas_chain"] == "sweep cache"
+    # bench measures too when nothing is cached (here: for bf16)
+    rep = run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="bf16", max_new_tokens=4, limit=1,
+                    progress=False)
+    assert rep["sweep"]["quick"] and rep["shapes"]["source"]["eyas_chain"] == "quick sweep"
+    assert "quick sweep" in format_bench(rep) and read_best_shape(name, draft, "bf16") is not None
 
 
 def test_per_prompt_spread():
@@ -429,3 +497,16 @@ def test_per_prompt_spread():
     runs = [Run([1] * 10, 1.0, None), Run([1] * 10, 2.0, None)]
     ref = [Run([1] * 10, 2.0, None), Run([1] * 10, 2.0, None)]  # ratios 2.0 and 1.0
     assert summary(runs, ref)["per_prompt_speedup"] == {"median": 1.5, "q25": 1.25, "q75": 1.75}
+
+
+def test_the_command_line_decodes_in_dtype_auto_by_default():
+    """`eyas generate` / `eyas bench` (and eval) take --dtype auto and default to it, as the library does."""
+    from eyas.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--prompt", "hi"]).dtype == "auto"
+    assert parser.parse_args(["bench"]).dtype == "auto"
+    assert parser.parse_args(["bench", "--dtype", "auto"]).dtype == "auto"
+    assert parser.parse_args(["generate", "--prompt", "hi", "--dtype", "bfloat16"]).dtype == "bfloat16"
+    assert parser.parse_args(["eval"]).dtype == "auto"  # eval's auto: bf16 where the CPU multiplies it natively
+    assert parser.parse_args(["capture", "--out", "x"]).dtype == "bf16"  # capture stores features in it

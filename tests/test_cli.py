@@ -152,7 +152,7 @@ def test_real_size_inspect_reports(tmp_path, capsys, pytestconfig):
             assert cons["vllm"]["capture_layers"] == [2, 30, 58]  # the default for 61 layers happens to agree
             texts = [text_of(w) for w in rep["warnings"]]
             assert "sglang_legacy: captures [3, 31, 59], the contract says [2, 30, 58]" in texts
-            assert any("read as current SGLang does" in text_of(w) for w in rep["warnings"])
+            assert any(w["code"] == "layer_ids_convention_assumed" for w in rep["warnings"])
         assert "consumers:" in out and "warnings:" in out
 
 

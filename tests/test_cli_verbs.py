@@ -211,8 +211,9 @@ def test_every_verb_every_flag_has_help_and_closed_sets_have_choices():
         for name, choices in closed.items():
             if name in flags:
                 assert tuple(flags[name].choices) == choices, (verb, name)
-        if "--dtype" in flags:  # eyas's names and vLLM's / transformers'
-            assert {"bf16", "bfloat16", "fp32", "float32"} <= set(flags["--dtype"].choices) <= set(DTYPE_CHOICES), verb
+        if "--dtype" in flags:  # eyas's names and vLLM's / transformers' (+ auto where eyas decodes or evaluates: the default)
+            auto = {"auto"} if verb in ("generate", "bench", "eval") else set()
+            assert {"bf16", "bfloat16", "fp32", "float32"} | auto <= set(flags["--dtype"].choices) <= set(DTYPE_CHOICES) | auto, verb
         if verb in ("inspect", "check", "convert", "eval", "generate", "bench", "doctor"):
             assert "--layer-convention" in flags, verb
         if verb in ("capture", "eval", "train", "bench", "doctor"):

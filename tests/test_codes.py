@@ -112,6 +112,17 @@ def parse_fc_skipped(tmp_path):
     return _read(_folder(tmp_path / "d", {"config.json": cfg}, random_tensors(c)))
 
 
+def parse_published_quirks(tmp_path):
+    """What real published configs carry: a target's model_type, both dtype keys, tied embeddings, a MoE layer."""
+    c = tiny_contract()
+    cfg = _eagle(c)
+    cfg.update(model_type="phi3", dtype="bfloat16", torch_dtype="float16", tie_word_embeddings=True)
+    found = _read(_folder(tmp_path / "d", {"config.json": cfg}, random_tensors(c)))
+    found |= _mismatches(tmp_path / "d")  # SGLang ties lm_head to embed_tokens
+    moe = dict(cfg, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLMEagle3"], num_experts=8)
+    return found | _read(_folder(tmp_path / "m", {"config.json": moe}, random_tensors(c)))
+
+
 def parse_config_alone(tmp_path):
     path = tmp_path / "draft.json"
     path.write_text(json.dumps(speculators_config(tiny_contract())))
@@ -254,6 +265,9 @@ SCENARIOS = {  # scenario: the codes it must produce
     parse_top_nested_differ: {"layer_ids_top_nested_differ"},
     parse_speculators_quirks: {"layer_type_absent", "norm_before_residual_absent", "rope_theta_conflict"},
     parse_fc_skipped: {"fc_skipped"},
+    parse_published_quirks: {
+        "layer_type_unknown", "dtype_conflict", "tie_word_embeddings", "consumer_ties_lm_head", "draft_not_runnable",
+    },
     parse_config_alone: {"tensors_not_checked"},
     tensors_wrong: {
         "layers_missing", "layers_extra", "tensor_missing", "tensor_unknown", "tensor_shape", "tensor_dtype",

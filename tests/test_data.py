@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -459,6 +460,73 @@ def test_no_stray_warnings_on_a_clean_read(captured):
         warnings.simplefilter("error")
         assert len(open_shards(captured)) == 5
     assert not any(name.endswith(".tmp") for name in os.listdir(captured))
+
+
+# --- numbers and manifests checked where they enter (eyas.data.values, eyas.data.shards) --------------
+
+
+def _resave(path: Path, edit) -> None:
+    """Rewrite a shard with `edit(tensors)` applied, keeping its metadata (so only the numbers differ)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(path, "pt") as f:
+        t, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    edit(t)
+    save_file(t, path, metadata=meta)
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda t: t["features"].__setitem__((3, 5), float("nan")), "features[3, 5] is nan"),
+    (lambda t: t["last_hidden"].__setitem__((0, 1), float("-inf")), "last_hidden[0, 1] is -inf"),
+    (lambda t: t["input_ids"].__setitem__(2, 999), "input_ids[2] is 999, outside the vocabulary (0..47)"),
+    (lambda t: t["prompt_index"].__setitem__(1, 7), "prompt_index[1] is 7, outside the prompt list (0..4)"),
+])
+def test_bad_numbers_in_a_shard_are_named_with_file_key_and_position(tmp_path, captured, edit, says):
+    out = copy_capture(captured, tmp_path / "out")
+    _resave(out / "shard_00001.safetensors", edit)
+    data = open_shards(out)
+    with pytest.raises(FormatError, match=re.escape(f"{out / 'shard_00001.safetensors'}: {says}")):
+        list(data)
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda m: m.pop("target"), "field 'target'"),
+    (lambda m: m.update(capture_layers="1,2,4"), "field 'capture_layers'"),
+    (lambda m: m.update(dtype="int8"), "field 'dtype'"),
+    (lambda m: m["shards"][0].update(file="../../elsewhere.safetensors"), "shards[0] is not an entry eyas wrote"),
+    (lambda m: m["shards"][1].update(samples="2"), "shards[1] is not an entry eyas wrote"),
+    (lambda m: m.update(shards=[]), "no shard is finished"),
+])
+def test_a_damaged_manifest_is_refused_naming_the_field(tmp_path, captured, edit, says):
+    out = copy_capture(captured, tmp_path / "out")
+    m = json.loads((out / "manifest.json").read_text())
+    edit(m)
+    write(out / "manifest.json", json.dumps(m))
+    with pytest.raises(FormatError, match=re.escape(says)):
+        open_shards(out)
+
+
+def test_no_usable_shard_is_an_error_naming_one(tmp_path, captured):
+    out = copy_capture(captured, tmp_path / "out")
+    for f in out.glob("shard_*.safetensors"):
+        f.write_bytes(f.read_bytes()[:50])
+    with pytest.raises(FormatError, match=r"shard_00000.safetensors: unreadable .*manifest.json can be used \(and 2 more"):
+        open_shards(out)
+
+
+def test_prompt_files_in_utf16_or_with_a_bom_are_read_and_binary_is_refused_at_its_byte(tmp_path):
+    text = "first\r\nsecond ☃\n"
+    for name, raw in (("a.txt", b"\xef\xbb\xbf" + text.encode()), ("b.txt", b"\xff\xfe" + text.encode("utf-16-le")),
+                      ("c.txt", b"\xfe\xff" + text.encode("utf-16-be"))):
+        (tmp_path / name).write_bytes(raw)
+        assert [p.text for p in read_prompts(tmp_path / name)] == ["first", "second ☃"]
+    (tmp_path / "d.jsonl").write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(FormatError, match=r"d.jsonl: byte 32: not UTF-8 text"):
+        read_prompts(tmp_path / "d.jsonl")
+    (tmp_path / "e.json").write_bytes(b'[{"prompt": "ok"}] trailing')
+    with pytest.raises(FormatError, match="text after the JSON array's closing"):
+        read_prompts(tmp_path / "e.json")
 
 
 @pytest.mark.slow

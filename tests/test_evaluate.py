@@ -119,12 +119,14 @@ class Oracle(Drafter):
 
     shift = 0
 
-    def forward_ttt(self, features, input_ids, steps, *, next_ids=None, position_ids=None, document_ids=None):
+    def forward_ttt(self, features, input_ids, steps, *, next_ids=None, position_ids=None, document_ids=None,
+                    rows=None):
         B, T = input_ids.shape
         # stream[i] = x_{i+1}: the given tokens, then the teacher-forced ones, then padding
         stream = torch.cat([input_ids[:, :1], next_ids, next_ids.new_zeros(B, steps + 1)], dim=1)
         start = 1 + self.shift  # the truth at step j and position t is x_{t+2+j} = stream[t+1+j]
-        return [F.one_hot(stream[:, start + j: start + j + T], self.contract.vocab_size).float()
+        at = slice(None) if rows is None else rows
+        return [F.one_hot(stream[:, start + j: start + j + T], self.contract.vocab_size).float()[:, at]
                 for j in range(steps)]
 
 
@@ -223,3 +225,111 @@ def test_two_file_export_is_evaluated_offline_and_inspect_names_the_file(tiny, t
                  "--dtype", "fp32"]) == 0
     ev = json.loads(capsys.readouterr().out)
     assert ev["capture_layers"] == [1, 2, 4] and ev["tokens"] > 0
+
+
+# --- evaluation computes later TTT steps at the chain starts only, exactly as the full unroll ------
+
+
+def _random_drafter(folder, dtype=torch.float32) -> Drafter:
+    from conftest import random_tensors
+
+    c = contract_for_target(target_config(folder), capture_layers=tuple(LAYERS))
+    embed = 0.5 * torch.randn(c.vocab_size, c.hidden_size, generator=torch.Generator().manual_seed(1))
+    return Drafter.from_tensors(c, random_tensors(c), embed_tokens=embed, dtype=dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_forward_ttt_at_rows_is_bit_identical_to_the_full_unroll_there(threads):
+    """The shipped draft's shapes, rows as eval picks them (at least ROWS_MIN), teacher-forced and free."""
+    from eyas.drafter_loading import load_drafter
+    from eyas.evaluate import ROWS_MIN
+    from eyas.shift import label_ids
+
+    d = load_drafter(None, dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for T, R, teacher in [(60, ROWS_MIN, True), (200, 120, True), (300, 50, False), (400, 380, True)]:
+            ids = torch.randint(0, d.contract.vocab_size, (1, T), generator=g)
+            features = torch.randn(1, T, d.contract.fc_in_features, generator=g)
+            rows = torch.randperm(T, generator=g)[:R].sort().values
+            nxt = label_ids(ids) if teacher else None
+            with torch.inference_mode():
+                full = d.forward_ttt(features, ids, 8, next_ids=nxt)
+                some = d.forward_ttt(features, ids, 8, next_ids=nxt, rows=rows)
+            for j in range(8):
+                assert torch.equal(some[j], full[j][:, rows]), (T, R, teacher, j)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("block", [4, 256], ids=["block4", "block256"])
+def test_forward_ttt_at_rows_skips_query_blocks_without_rows(tiny, monkeypatch, block):
+    import eyas.ttt_attention as ttt
+    from eyas.shift import label_ids
+
+    monkeypatch.setattr(ttt, "QUERY_BLOCK", block)  # 4: rows fall in several query blocks, some in none
+    d = _random_drafter(tiny[0])
+    g = torch.Generator().manual_seed(3)
+    T = 23
+    ids = torch.randint(0, d.contract.vocab_size, (1, T), generator=g)
+    features = torch.randn(1, T, d.contract.fc_in_features, generator=g)
+    rows = torch.tensor([2, 3, 9, 10, 11, 12, 21])
+    with torch.inference_mode():
+        full = d.forward_ttt(features, ids, 5, next_ids=label_ids(ids))
+        some = d.forward_ttt(features, ids, 5, next_ids=label_ids(ids), rows=rows)
+    for j in range(5):  # tiny products over 7 rows may round differently from 23 (see ROWS_MIN)
+        torch.testing.assert_close(some[j], full[j][:, rows], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows_min", [None, 1])
+def test_sample_predictions_equal_the_full_unroll_at_the_chain_starts(tiny, monkeypatch, rows_min):
+    """What eval reports comes from the full unroll's numbers at the chain starts (the tiny samples
+    have fewer starts than ROWS_MIN: bit-identical; forced through the rows path: within rounding)."""
+    import eyas.evaluate
+    from eyas.evaluate import chain_truth, sample_predictions, target_greedy
+    from eyas.shift import label_ids, shift_for_draft
+
+    if rows_min is not None:
+        monkeypatch.setattr(eyas.evaluate, "ROWS_MIN", rows_min)
+    folder, shards = tiny
+    d = _random_drafter(folder)
+    lm_head = target_tensors(folder, ["lm_head.weight"])["lm_head.weight"]
+    for sample in open_shards(shards):
+        with torch.inference_mode():
+            got = sample_predictions(d, sample, lm_head, 4, 3, logits=True)
+            # the reference: every position at every step, then the chain starts
+            s = shift_for_draft(sample)
+            starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
+            steps = d.forward_ttt(s["features"][None], s["input_ids"][None], 4, next_ids=label_ids(s["input_ids"])[None])
+            logits = torch.stack(steps, dim=2)[0][starts]
+            truth, valid = chain_truth(sample["input_ids"], target_greedy(sample, lm_head), 4)
+        T = sample["input_ids"].shape[0]
+        if rows_min is None:
+            assert torch.equal(got["logits"], logits)
+            assert torch.equal(got["topk"], d.to_target_ids(logits.topk(3, dim=-1).indices))
+        else:
+            torch.testing.assert_close(got["logits"], logits, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got["truth"], truth[: T - 1][starts]) and torch.equal(got["valid"], valid[: T - 1][starts])
+
+
+def test_eval_of_the_shipped_draft_is_identical_with_rows_and_pruning(tmp_path, monkeypatch):
+    """The report `eyas eval` gives (fp32, real answers of the embedded target) is exactly the one the
+    full unroll at every position gives: later steps at the chain starts only, ended chains pruned."""
+    import eyas.evaluate
+    from eyas.data import read_prompts
+    from eyas.drafter_loading import load_drafter
+
+    target = Target.load(None, dtype=torch.float32)
+    draft = load_drafter(None, dtype=torch.float32)
+    capture(target, read_prompts("mtbench", limit=2), draft.contract.capture_layers, tmp_path / "s",
+            max_new_tokens=40, dtype="float32", progress=False)
+    lm_head = target.model.get_output_embeddings().weight.detach()
+    samples = list(open_shards(tmp_path / "s"))
+    assert all(int(s["loss_mask"].sum()) > eyas.evaluate.ROWS_MIN for s in samples)  # the rows path runs
+    with torch.inference_mode():
+        fast = evaluate_samples(draft, samples, lm_head, depth=8, tree_top_k=4, tree_depth=5)
+        monkeypatch.setattr(eyas.evaluate, "ROWS_MIN", 10**9)  # every position, every step
+        full = evaluate_samples(draft, samples, lm_head, depth=8, tree_top_k=4, tree_depth=5)
+    assert fast == full and fast["acceptance_by_depth"][0] > 0.2

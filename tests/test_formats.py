@@ -183,7 +183,7 @@ def test_nested_ids_follow_the_convention(tmp_path, nested, conv, capture):
     _save(tmp_path, {"config.json": _eagle_ids_only(c, nested=nested)}, random_tensors(c), naming="eagle")
     ck = read_checkpoint(tmp_path, layer_convention=conv)
     assert ck.contract.capture_layers == capture
-    warned = [w for w in ck.warnings if "read as current SGLang does" in w["warning"]]
+    warned = [w for w in ck.warnings if w["code"] == "layer_ids_convention_assumed"]
     assert bool(warned) == (conv is None)
     assert "eagle_config.eagle_aux_hidden_state_layer_ids" in ck.origin["capture_layers"]
 
@@ -275,8 +275,21 @@ def test_speculators_missing_keys_are_warned(tmp_path):
     _save(tmp_path, {"config.json": cfg}, random_tensors(c))
     ck = read_checkpoint(tmp_path)
     assert ck.contract.layer_type == "llama" and ck.contract.norm_before_residual is False
-    assert any("speculators itself parses it as qwen3" in w["warning"] for w in ck.warnings)
-    assert any("vLLM's speculators path uses True" in w["warning"] for w in ck.warnings)
+    assert {"layer_type_absent", "norm_before_residual_absent"} <= {w["code"] for w in ck.warnings}
+
+
+def test_an_unknown_model_type_is_a_warning_and_latent_attention_is_not_run(tmp_path):
+    path, _ = _good(tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["transformer_layer_config"]["model_type"] = "deepseek_v3"
+    (path / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(path)
+    assert ck.contract.layer_type == "llama" and ck.contract.unsupported is None
+    assert "layer_type_unknown" in {w["code"] for w in ck.warnings}
+    cfg["transformer_layer_config"]["kv_lora_rank"] = 512
+    (path / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(path)
+    assert ck.contract.unsupported == "multi-head latent attention (kv_lora_rank 512)" and not ck.problems
 
 
 def test_transformers5_rope_parameters_only(tmp_path):
@@ -348,10 +361,6 @@ def test_unreadable_configs(tmp_path, text, match):
         (
             lambda cfg: cfg.update(norm_before_fc=True, fc_norm=True),
             "config.json: norm_before_fc and fc_norm are both set",
-        ),
-        (
-            lambda cfg: cfg["transformer_layer_config"].update(model_type="deepseek_v3"),
-            "field 'transformer_layer_config.model_type' is 'deepseek_v3'",
         ),
     ],
 )

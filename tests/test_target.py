@@ -15,7 +15,7 @@ import torch
 from conftest import TINY_TARGET_LAYERS, tiny_contract
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-import eyas.target as target_mod
+import eyas.embedded as embedded_mod
 from eyas.contract import default_capture_layers
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.target import (
@@ -258,7 +258,7 @@ def test_missing_package_hint(tmp_path, monkeypatch):
 def test_cache_is_built_once_atomically_under_concurrency(tmp_path, monkeypatch, capsys):
     """Two concurrent builders: one converts, the other waits and reuses; no temp folder remains."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(target_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(embedded_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
     calls = []
 
     def slow_convert(gguf, out):
@@ -267,7 +267,7 @@ def test_cache_is_built_once_atomically_under_concurrency(tmp_path, monkeypatch,
         time.sleep(0.3)
         (out / "config.json").write_text("{}")
 
-    monkeypatch.setattr(target_mod, "_convert_gguf", slow_convert)
+    monkeypatch.setattr(embedded_mod, "_convert_gguf", slow_convert)
     results = []
     threads = [threading.Thread(target=lambda: results.append(embedded_default_dir())) for _ in range(2)]
     for t in threads:
@@ -286,13 +286,13 @@ def test_cache_is_built_once_atomically_under_concurrency(tmp_path, monkeypatch,
 
 def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(target_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(embedded_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
 
     def broken(gguf, out):
         (out / "config.json").write_text("{}")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(target_mod, "_convert_gguf", broken)
+    monkeypatch.setattr(embedded_mod, "_convert_gguf", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         embedded_default_dir()
     assert [p.name for p in (tmp_path / "eyas").iterdir() if not p.name.endswith(".lock")] == []
@@ -300,8 +300,8 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
 
 def test_a_folder_left_without_its_config_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(target_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
-    monkeypatch.setattr(target_mod, "_convert_gguf", lambda gguf, out: (out / "config.json").write_text("{}"))
+    monkeypatch.setattr(embedded_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(embedded_mod, "_convert_gguf", lambda gguf, out: (out / "config.json").write_text("{}"))
     leftover = tmp_path / "eyas" / EMBEDDED_DIR
     leftover.mkdir(parents=True)
     (leftover / "model.safetensors").write_text("half")

@@ -39,13 +39,17 @@ CODES: dict[str, Code] = {
         None, "only nested eagle_config ids: read by current SGLang's rule, not legacy SGLang's or SpecForge's"
     ),
     "layer_ids_top_nested_differ": _warning(
-        "capture_layers", "top-level ids (vLLM) and nested eagle_config ids (SGLang) name different layers"
+        "capture_layers", "top-level ids and nested eagle_config ids name different layers"
     ),
-    "layer_type_absent": _warning("config_file", "speculators config without a layer model_type (speculators: qwen3)"),
+    "layer_type_absent": _warning("config_file", "speculators config without a layer model_type (readers differ)"),
+    "layer_type_unknown": _warning(None, "a model_type eyas does not know: the layer is read from architectures"),
+    "draft_not_runnable": _warning(None, "a draft layer eyas reads but cannot run (MoE, latent attention, ...)"),
+    "dtype_conflict": _warning(None, "dtype and torch_dtype name different dtypes"),
+    "tie_word_embeddings": _warning(None, "tie_word_embeddings is true: a reader that honours it ties lm_head"),
     "norm_before_residual_absent": _warning(
-        "norm_flags", "speculators config without norm_before_residual: speculators reads False, vLLM True"
+        "norm_flags", "speculators config without norm_before_residual: readers default differently"
     ),
-    "fc_skipped": _warning("fc_skipped", "eagle_config.use_aux_hidden_state is false: vLLM skips fc"),
+    "fc_skipped": _warning("fc_skipped", "eagle_config.use_aux_hidden_state is false: a reader honouring it skips fc"),
     "rope_theta_conflict": _warning("rope", "rope_theta and rope_parameters.rope_theta differ (transformers 4 vs 5)"),
     "tensors_not_checked": _warning(None, "a lone config file was read: the weights were not checked"),
     # --- a folder's config files against each other (eyas.formats.compare) ---
@@ -112,6 +116,7 @@ CODES: dict[str, Code] = {
     "consumer_replaces_embeddings": _warning("embeddings", "an engine feeds the target's embeddings, not the draft's"),
     "consumer_no_vocab_map": _warning("vocab_map", "an engine maps draft ids to target ids as the identity"),
     "consumer_builds_qwen3": _warning("config_file", "speculators builds a qwen3 layer: no model_type is named"),
+    "consumer_ties_lm_head": _warning(None, "an engine uses the embedding table as lm_head (tie_word_embeddings)"),
 }
 
 

@@ -83,7 +83,7 @@ class DraftContract:
     rope_theta: float | None = None  # None: the config names none; engines then use 10000
     rope_scaling: dict[str, Any] | None = None  # HF rope_scaling dict (rope_type, factor, ...)
     max_position_embeddings: int = 2048
-    layer_type: str = "llama"  # "qwen3" adds q_norm/k_norm
+    layer_type: str = "llama"  # "qwen3" adds q_norm/k_norm; another type only with `unsupported`
     hidden_act: str = "silu"
     attention_bias: bool = False
     # --- norm flags (engine defaults differ: always written explicitly) ---
@@ -96,6 +96,9 @@ class DraftContract:
     has_vocab_map: bool = False  # d2t and t2d present
     num_aux_layers: int | None = None  # chunks fc reads; defaults to len(capture_layers)
     verifier: Verifier = field(default_factory=Verifier)
+    # the part of the draft eyas has no code for (a mixture-of-experts MLP, latent attention, ...), named
+    # for the user; None: eyas runs it. Such a draft is read and checked, never run (eyas.drafter_checks)
+    unsupported: str | None = None
 
     def __post_init__(self) -> None:
         if self.capture_layers is not None:
@@ -110,7 +113,7 @@ class DraftContract:
                 )
         if self.num_aux_layers is None:
             object.__setattr__(self, "num_aux_layers", 3)
-        if self.layer_type not in LAYER_TYPES:
+        if self.layer_type not in LAYER_TYPES and self.unsupported is None:
             raise ContractError(
                 f"layer type {self.layer_type!r} is not supported",
                 f"use one of {', '.join(LAYER_TYPES)}",

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eyas.contract import DraftContract
-from eyas.drafter_checks import check_buildable, check_tensors, check_vocab_map
+from eyas.drafter_checks import check_buildable, check_runnable, check_tensors, check_vocab_map
 from eyas.errors import ContractError
 from eyas.rope import rope_parameters
 from eyas.shift import shift_left
@@ -324,6 +324,7 @@ class Drafter(nn.Module):
         attention: str = "sdpa",
     ) -> Drafter:
         """A drafter holding copies of `tensors` (canonical names), floats cast to `dtype`."""
+        check_runnable(contract)  # every run verb comes through here: a draft eyas cannot run stops first
         check_tensors(contract, tensors)
         if contract.has_vocab_map:
             check_vocab_map(contract, tensors["d2t"], tensors["t2d"])
@@ -435,6 +436,8 @@ class Drafter(nn.Module):
         document_ids: Tensor | None = None,
         logits: bool = True,
         masked: bool = False,
+        rows: Tensor | None = None,
+        keep: Callable[[int, Tensor, Tensor], Tensor] | None = None,
     ) -> list[Tensor]:
         """Training-time test: `steps` unrolled draft steps -> per-step logits, each [B, T, Vd]
         (`logits=False`: each step's next_hidden [B, T, H] instead; `head` turns any rows of it into
@@ -457,6 +460,12 @@ class Drafter(nn.Module):
         `TTTCache` (`eyas.ttt_attention`: step-0 scores plus one diagonal column per later step,
         steps * T^2). `masked=True` is the reference it is tested against: every step's keys
         appended to one DraftCache under one boolean mask (`ttt_mask`), steps^2 * T^2.
+
+        `rows` [R] (increasing; diagonal attention only): the positions whose outputs are wanted
+        (evaluation's chain starts). Step 0 runs at every position (later steps attend to its keys),
+        its logits and steps 1.. at `rows` only: outputs [B, R, ...], row for row the full unroll's.
+        `keep(j, rows, step_j_output)` narrows them after step j (a bool [R_j] over the current
+        rows: evaluation drops ended chains); step j's output is [B, R_j, ...] at the rows it had.
         """
         B, T = input_ids.shape
         if position_ids is None:
@@ -464,14 +473,27 @@ class Drafter(nn.Module):
         mask = ttt_mask(T, steps if masked else 1, document_ids, input_ids.device)
         cache = DraftCache(self, B) if masked else TTTCache(self.contract.num_hidden_layers, mask)
         hidden, ids = self.combine(features), input_ids
+        want_logits = logits or next_ids is None
         outputs = []
         for j in range(steps):
             step_mask = mask[..., : (j + 1) * T]  # step-0 block (+ masked: the diagonal blocks of steps 1..j)
             step_logits, hidden = self(hidden, ids, position_ids + j, cache=cache, attn_mask=step_mask,
-                                       with_logits=logits or next_ids is None)
+                                       with_logits=want_logits and (rows is None or j > 0))
+            if rows is not None and j == 0:  # steps 1.. run at `rows` only (they attend to step 0's keys)
+                assert not masked, "rows needs the diagonal TTT attention"
+                cache.select_rows(rows)
+                hidden, position_ids = hidden[:, rows], position_ids[:, rows]
+                step_logits = self.head(hidden) if want_logits else None
             outputs.append(step_logits if logits else hidden)
             if next_ids is None:
                 ids = self.to_target_ids(step_logits.argmax(-1))
-            else:  # step j + 1 at t reads next_ids[t + j]
-                ids = shift_left(next_ids, j)
+            if keep is not None and rows is not None and j + 1 < steps:
+                kept = keep(j, rows, outputs[-1])
+                if not bool(kept.all()):
+                    rows = rows[kept]
+                    cache.select_rows(rows, within=kept)
+                    hidden, position_ids = hidden[:, kept], position_ids[:, kept]
+                    ids = ids[:, kept] if next_ids is None else ids
+            if next_ids is not None:  # step j + 1 at t reads next_ids[t + j]
+                ids = shift_left(next_ids, j) if rows is None else shift_left(next_ids, j)[:, rows]
         return outputs

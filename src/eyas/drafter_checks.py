@@ -15,6 +15,18 @@ from eyas.errors import ContractError
 from eyas.formats import vocab_map_problems
 
 
+def check_runnable(c: DraftContract) -> None:
+    """The draft is made of parts eyas implements. A draft with a mixture-of-experts MLP, latent attention
+    or another part eyas has no code for is read and checked (inspect, check, convert) but never run:
+    every verb that runs a draft passes here (through Drafter.from_tensors), so each refuses it the same way,
+    in one line naming the part, instead of building a Llama layer that would silently compute something else."""
+    if c.unsupported:
+        raise ContractError(
+            f"eyas cannot run this draft: it has a {c.unsupported}",
+            "eyas inspect and eyas check read it; run it in an engine that implements this layer",
+        )
+
+
 def check_buildable(c: DraftContract, embed_tokens: Tensor | None) -> None:
     """The contract can make a drafter with these (borrowed) embeddings: a reduced vocab comes with
     its map, and the draft has exactly one embedding table of the target's shape."""

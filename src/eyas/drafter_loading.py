@@ -17,17 +17,21 @@ import torch
 from eyas.drafter import Drafter
 from eyas.errors import ContractError, EyasError
 from eyas.formats import Checkpoint, read_checkpoint
-from eyas.target import check_fits, load_target_embeddings, target_config, target_name
+from eyas.devices import check_fits_memory
+from eyas.dtypes import short_name
+from eyas.target import check_fits
+from eyas.target_ref import TargetRef
+from eyas.weights import weight_bytes
 
 # Drafts shipped inside the package, by target identity (trained with eyas: recipes/).
 SHIPPED_DRAFTS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "drafts/smollm2-135m-instruct"}
 
 
-def resolve_drafter(spec: str | Path | None, target: str | Path | None = None) -> Path:
+def resolve_drafter(spec: str | Path | None, target: str | Path | TargetRef | None = None) -> Path:
     """A draft folder: `spec` itself, or for None / "default" the draft shipped for `target`."""
     if spec not in (None, "default"):
         return Path(spec)
-    name = target_name(target)
+    name = TargetRef.resolve(target, weights=False).name
     shipped = files("eyas") / SHIPPED_DRAFTS[name] if name in SHIPPED_DRAFTS else None
     if shipped is None or not shipped.is_dir():
         raise EyasError(f"no draft given and eyas ships none for {name}",
@@ -38,7 +42,7 @@ def resolve_drafter(spec: str | Path | None, target: str | Path | None = None) -
 def load_drafter(
     path: str | Path | None,
     *,
-    target: str | Path | None = None,
+    target: str | Path | TargetRef | None = None,
     layer_convention: str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Drafter:
@@ -46,8 +50,9 @@ def load_drafter(
     target's (only that tensor is read from the target's weight files, never the model).
 
     `path` None or "default": the draft eyas ships for the target (see `resolve_drafter`).
-    `target`: the target's folder, or None for the embedded default. The draft must fit it
-    (vocab, hidden size, capture depth): checked before any tensor is read.
+    `target`: the target's folder or TargetRef, or None for the embedded default. The draft must fit
+    it (vocab, hidden size, capture depth) and the ref's device's memory: checked before any tensor
+    is read. The drafter is placed on the ref's device.
     """
     return load_drafter_and_config(path, target=target, layer_convention=layer_convention, dtype=dtype)[0]
 
@@ -55,19 +60,26 @@ def load_drafter(
 def load_drafter_and_config(
     path: str | Path | None,
     *,
-    target: str | Path | None = None,
+    target: str | Path | TargetRef | None = None,
     layer_convention: str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[Drafter, Path]:
     """`load_drafter`, and the config file the drafter's contract was read from (for errors that
     pair the draft with something else, such as data captured at other layers)."""
-    ckpt = read_checkpoint(resolve_drafter(path, target), layer_convention=layer_convention)
+    ref = TargetRef.resolve(target, weights=False)
+    folder = resolve_drafter(path, ref)
+    check_fits_memory(weight_bytes(folder, dtype), ref.device, f"draft {folder} in {short_name(dtype)}")
+    ckpt = read_checkpoint(folder, layer_convention=layer_convention)
     with _naming(ckpt):
-        check_fits(ckpt.contract, target_config(target))
-    embed = None if ckpt.contract.has_embeddings else load_target_embeddings(target)
+        check_fits(ckpt.contract, ref.text_config)
+    if not ckpt.contract.has_embeddings:  # the target's [V, H] embeddings come next: often larger than the draft
+        c = ckpt.contract
+        check_fits_memory(c.vocab_size * c.hidden_size * torch.empty(0, dtype=dtype).element_size(), ref.device,
+                          f"the target's embeddings for draft {folder} in {short_name(dtype)}")
+    embed = None if ckpt.contract.has_embeddings else ref.embeddings()
     with _naming(ckpt):
         drafter = Drafter.from_tensors(ckpt.contract, ckpt.tensors, embed_tokens=embed, dtype=dtype)
-    return drafter, ckpt.config_path
+    return drafter.to(ref.device), ckpt.config_path
 
 
 @contextmanager

@@ -5,14 +5,22 @@ dot products (avx512_bf16, AMX) it wins at every size; on AVX2-only CPUs a forwa
 may still win while one over the 16 nodes of a tree costs several times its fp32 equivalent. So
 `auto` times the target's decode forward (eyas.decode.cost) in each dtype over the sizes decoding
 runs (one token: plain decoding and HF greedy; a chain's and a tree's verify) and keeps the dtype
-with the smaller total. The result is cached per target and machine (eyas.machine: instruction
+whose cheapest way of decoding costs least per token: plain decoding at T(1), or a verify over n
+nodes at T(n) / TYPICAL_TAU[n], the tokens such a round typically yields (the draft's own cost, a
+tenth of a round, left out). An AVX2-only CPU can then keep bf16 for plain decoding where its bf16
+verify is too slow for speculation to pay, and the shape sweep turns the draft off there. The result is cached per target and machine (eyas.machine: instruction
 sets, cores, threads) and torch version, in `$XDG_CACHE_HOME/eyas/fastest_dtype.json`.
+
+The same measurement times transformers' own forward (what `eyas bench`'s Hugging Face baselines
+run) over one token (greedy decoding) and over 11 (a prompt-lookup verify of 10 candidates), so
+that each baseline runs in ITS fastest dtype here, as a user would run it: `hf_dtypes`.
 """
 
 from __future__ import annotations
 
 import datetime
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +33,15 @@ from eyas.target import Target, target_name
 AUTO = "auto"
 DECODE_DTYPES = (torch.bfloat16, torch.float32)  # what `eyas generate` and `eyas bench` decode in
 PROBE_SIZES = (1, 5, 17)  # new tokens per forward: plain decoding, a chain of 4, a tree of 16 (+ the root)
+HF_SIZES = {"hf_greedy": (1,), "hf_prompt_lookup": (1, 11)}  # transformers' forwards each baseline runs
+# tokens a round yields with a verify over n new tokens (the shipped draft, MT-bench: a chain of 2-4
+# yields about 2, a tree of 8-16 nodes about 2.4; bench tables in benchmarks/README.md)
+TYPICAL_TAU = {1: 1.0, 5: 2.0, 17: 2.4}
+
+
+def per_token_ms(forward_ms: dict) -> float:
+    """The cheapest per-token cost of decoding with these forward times ({new tokens: ms})."""
+    return min(ms / TYPICAL_TAU.get(int(n), 1.0 if int(n) == 1 else 2.0) for n, ms in forward_ms.items())
 
 
 def _key(target: str | Path | None) -> list:
@@ -34,26 +51,64 @@ def _key(target: str | Path | None) -> list:
 def measure_dtypes(target: str | Path | None, *, sizes: tuple[int, ...] = PROBE_SIZES, repeats: int = 3) -> dict:
     """Time the target's decode forward in every dtype of DECODE_DTYPES: {"dtype": fastest,
     "forward_ms": {dtype: {size: ms}}, "sizes", "measured"}. Loads the target once per dtype."""
-    costs = {}
+    costs, hf = {}, {}
+    hf_sizes = sorted({n for v in HF_SIZES.values() for n in v})
     for dtype in DECODE_DTYPES:
         model = Target.load(target, dtype=dtype)
         costs[short_name(dtype)] = target_forward_ms(model, sizes, repeats=repeats)
+        hf[short_name(dtype)] = target_forward_ms(model, hf_sizes, repeats=repeats, lean=False)
         del model
-    fastest = min(costs, key=lambda d: sum(costs[d].values()))
-    return {"dtype": fastest, "forward_ms": costs, "sizes": list(sizes),
+    fastest = min(costs, key=lambda d: per_token_ms(costs[d]))
+    return {"dtype": fastest, "forward_ms": costs, "sizes": list(sizes), "hf_forward_ms": hf,
+            "hf_dtypes": {m: min(hf, key=lambda d: sum(hf[d][n] for n in ns)) for m, ns in HF_SIZES.items()},
             "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
-def resolve_dtype(dtype: str | torch.dtype, target: str | Path | None) -> tuple[torch.dtype, str]:
+def resolve_dtype(dtype: str | torch.dtype, target: str | Path | None,
+                  device: str | torch.device | None = None) -> tuple[torch.dtype, str]:
     """(the dtype to decode in, where it came from): `dtype` itself, or for "auto" the fastest dtype
-    measured for this target on this machine (measured now if no measurement is cached)."""
-    if not (isinstance(dtype, str) and dtype.lower() == AUTO):
+    measured for this target on this machine's CPU (measured now if no measurement is cached); on a
+    GPU `device`, bf16 (what every GPU since Ampere computes at full rate; the CPU timings say nothing
+    about it)."""
+    if not is_auto(dtype):
         return to_dtype(dtype, DECODE_DTYPES), "given"
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.bfloat16, "GPU"
+    entry, source = _measured(target)
+    return to_dtype(entry["dtype"]), source
+
+
+def hf_dtypes(dtype: str | torch.dtype, target: str | Path | None) -> dict[str, tuple[torch.dtype, str]]:
+    """{baseline method: (dtype, where it came from)} for `eyas bench`'s Hugging Face baselines: a
+    given dtype for all of them, or for "auto" each one's fastest in transformers' forward here."""
+    if not is_auto(dtype):
+        return {m: (to_dtype(dtype, DECODE_DTYPES), "given") for m in HF_SIZES}
+    entry, source = _measured(target)
+    return {m: (to_dtype(entry["hf_dtypes"][m]), source) for m in HF_SIZES}
+
+
+def is_auto(dtype: str | torch.dtype) -> bool:
+    return isinstance(dtype, str) and dtype.lower() == AUTO
+
+
+def _measured(target: str | Path | None) -> tuple[dict, str]:
+    """The cached measurement for this target and machine, else one made now (said on stderr)."""
     key = _key(target)
+    names = [short_name(d) for d in DECODE_DTYPES]
     entry = read_measured("dtype", key)
-    if entry is not None and entry.get("dtype") in [short_name(d) for d in DECODE_DTYPES]:
-        return to_dtype(entry["dtype"]), "auto: measured on this machine (cached)"
-    print("eyas: timing the target in bf16 and fp32 to pick the faster (once per machine)", file=sys.stderr)
+    try:  # an entry from an older eyas (no Hugging Face timings) or edited by hand is measured again
+        usable = entry["dtype"] in names and all(entry["hf_dtypes"][m] in names for m in HF_SIZES)
+    except (TypeError, KeyError):
+        usable = False
+    if usable:
+        return entry, "auto: measured on this machine (cached)"
+    print("eyas: timing the target's forward in bf16 and fp32 to pick the faster (once per machine, about "
+          "20 s)", file=sys.stderr)
+    t0 = time.perf_counter()
     entry = measure_dtypes(target)
-    save_measured("dtype", key, entry)
-    return to_dtype(entry["dtype"]), "auto: measured on this machine"
+    path = save_measured("dtype", key, entry)
+    ms = entry["forward_ms"]
+    print(f"eyas: {entry['dtype']} is faster here (ms per forward over {', '.join(map(str, entry['sizes']))} "
+          "new tokens: " + "; ".join(f"{d} " + " / ".join(f"{v:.1f}" for v in ms[d].values()) for d in ms)
+          + f"); measured in {time.perf_counter() - t0:.0f} s, cached in {path}", file=sys.stderr)
+    return entry, "auto: measured on this machine"

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import itertools
 import sys
+from typing import TYPE_CHECKING
 import tempfile
+import time
 
 import torch
 from tqdm import tqdm
@@ -24,9 +26,15 @@ from tqdm import tqdm
 from eyas.contract import default_capture_layers
 from eyas.data import MANIFEST, capture, open_shards, read_prompts
 from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
+from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, EyasError
+from eyas.machine import bf16_dot_products
 from eyas.shift import label_ids, shift_for_draft
-from eyas.target import Target, resolve_target, target_config, target_name, target_tensors
+from eyas.target import Target, TargetRef
+from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, judged
+
+if TYPE_CHECKING:
+    from eyas.data.caches import CacheInfo
 
 
 def chain_positions(T: int, depth: int) -> torch.Tensor:
@@ -105,13 +113,29 @@ def tree_tau(topk_ids: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor, d
     return float(1 + accepted[rows].sum(1).float().mean()) if rows.any() else float("nan")
 
 
-def target_greedy(sample: dict, lm_head: torch.Tensor) -> torch.Tensor:
-    """y_s = the target's greedy token after x_0..x_s, from the stored final-normed state: [T]."""
-    return (sample["last_hidden"].to(lm_head.dtype) @ lm_head.T).argmax(-1)  # [T, H] @ [H, V] -> [T]
+def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0) -> torch.Tensor:
+    """y_s = the target's greedy token after x_0..x_s, from the stored final-normed state: [T].
+
+    A sample that carries its verdict already (`greedy`: eyas.verdict, for a cache without the last
+    hidden state) keeps it, and needs no lm_head. `first`: positions before it are not needed (-1
+    there: no token), and their rows are not computed.
+    """
+    if "greedy" in sample:
+        return sample["greedy"]
+    # [T, H] @ [H, V] -> [T]; the argmax of the exact fp32 values (the same index: the first maximum),
+    # which torch finds several times faster than over bf16
+    y = (sample["last_hidden"][first:].to(lm_head.dtype) @ lm_head.T).float().argmax(-1)
+    return torch.cat([y.new_full((first,), -1), y]) if first else y
+
+
+# Fewer chain starts than this are computed with the full unroll: a matrix product over a handful of
+# rows (one row: a matrix-vector kernel; a few, split over threads) may round differently from the
+# same rows inside a larger product, and saving those few rows is worth little.
+ROWS_MIN = 32
 
 
 def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, *,
-                       greedy: torch.Tensor | None = None, logits: bool = False) -> dict:
+                       greedy: torch.Tensor | None = None, logits: bool = False, prune: int | None = None) -> dict:
     """Teacher-forced draft predictions and target ground truth for one unshifted sample.
 
     Chains start at every position whose given token x_{t+1} and first label x_{t+2} are part of
@@ -120,32 +144,78 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `target_greedy(sample,
     lm_head)` when the caller already has it. With `logits`, also the draft's logits [N, depth, Vd]
     and `rows` [N, depth]: the sample position whose target distribution each depth is scored
-    against (truth[n, j] = greedy[rows[n, j]]), for measures beyond the argmax.
+    against (truth[n, j] = greedy[rows[n, j]]), for measures beyond the argmax. `prune` (a tree
+    depth; not with `logits`): a chain start whose greedy chain and top-k tree of that depth have
+    both ended is not drafted further (its later pred / topk are -1): what acceptance, chain tau and
+    tree tau count is unchanged, and most starts end within a few steps.
     """
     ids = sample["input_ids"]  # [T]
-    if greedy is None:  # callers measuring many drafts on one sample pass it in (one full-vocab matmul)
-        greedy = target_greedy(sample, lm_head)
-    truth, valid = chain_truth(ids, greedy, depth)
     s = shift_for_draft(sample)
-    dtype = next(drafter.parameters()).dtype
-    next_ids = label_ids(s["input_ids"])  # teacher forcing: x_{t+2} at draft position t
-    steps = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth, next_ids=next_ids[None])
-    # depth x [1, T-1, Vd]
-    logits_all = torch.stack(steps, dim=2)[0]  # [T-1, depth, Vd]
-    topk = drafter.to_target_ids(logits_all.topk(min(top_k, logits_all.shape[-1]), dim=-1).indices)
     # draft position t reads x_{t+1} and is labelled with x_{t+2}: both must be answer tokens (the
     # first answer token comes from the target's prefill; after the last one decoding stops)
     starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
+    # the draft computes later steps at the chain starts only (row for row the same products, as long
+    # as there are enough rows for the matrix kernels to stay the same: see ROWS_MIN)
+    at = starts.nonzero()[:, 0] if int(starts.sum()) >= ROWS_MIN else None
+    if greedy is None:  # callers measuring many drafts on one sample pass it in (one full-vocab matmul)
+        greedy = target_greedy(sample, lm_head, first=0 if at is None else int(at[0]))
+    truth, valid = chain_truth(ids, greedy, depth)
     truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts]
+    dtype = next(drafter.parameters()).dtype
+    next_ids = label_ids(s["input_ids"])  # teacher forcing: x_{t+2} at draft position t
+    k = min(top_k, drafter.contract.draft_vocab_size)
+    if prune is not None and at is not None and not logits:
+        topk = _pruned_topk(drafter, s, next_ids, at, truth, valid, depth, k, prune, dtype)
+    else:
+        steps = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth,
+                                    next_ids=next_ids[None], rows=at)  # depth x [1, N, Vd]
+        logits_all = torch.stack(steps, dim=2)[0]  # [N, depth, Vd]
+        if at is None:
+            logits_all = logits_all[starts]
+        topk = drafter.to_target_ids(logits_all.topk(k, dim=-1).indices)
     if drafter.contract.has_vocab_map:
         in_vocab = drafter.t2d[truth[:, 0]]
     else:
         in_vocab = torch.ones_like(truth[:, 0], dtype=torch.bool)
-    out = {"pred": topk[starts][..., 0], "topk": topk[starts], "truth": truth, "valid": valid, "in_vocab": in_vocab}
+    out = {"pred": topk[..., 0], "topk": topk, "truth": truth, "valid": valid, "in_vocab": in_vocab}
     if logits:
         rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)
-        out |= {"logits": logits_all[starts], "rows": rows[starts]}
+        out |= {"logits": logits_all, "rows": rows[starts]}
     return out
+
+
+def _pruned_topk(drafter, s: dict, next_ids: torch.Tensor, at: torch.Tensor, truth: torch.Tensor,
+                 valid: torch.Tensor, depth: int, k: int, tree_depth: int, dtype: torch.dtype) -> torch.Tensor:
+    """topk [N, depth, k] of the teacher-forced unroll at the chain starts `at`, drafting a start only
+    while its greedy chain or (within `tree_depth`) its top-k tree still holds the true token; -1
+    where it was not drafted. At least ROWS_MIN rows stay in every product (ended ones fill up), so
+    each kept row is computed exactly as in the full unroll."""
+    topk = truth.new_full((len(at), depth, k), -1)
+    chain = torch.ones(len(at), dtype=torch.bool)
+    tree = torch.ones(len(at), dtype=torch.bool)
+    current = torch.arange(len(at))  # the rows of `at` drafted at this step
+
+    def record(j: int, out: torch.Tensor) -> None:
+        top = drafter.to_target_ids(out[0].topk(k, dim=-1).indices)  # [R_j, k]
+        topk[current, j] = top
+        ok, true = valid[current, j], truth[current, j]
+        chain[current] &= (top[:, 0] == true) & ok
+        tree[current] &= (top == true[:, None]).any(-1) & ok & (j + 1 < tree_depth)  # depth j + 2 in the tree
+
+    def keep(j: int, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        nonlocal current
+        record(j, out)
+        go = chain[current] | tree[current]
+        short = ROWS_MIN - int(go.sum())
+        if short > 0:  # fill up with ended rows (the first ones): few rows may round differently
+            go[(~go).nonzero()[:short, 0]] = True
+        current = current[go]
+        return go
+
+    steps = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth, next_ids=next_ids[None],
+                                rows=at, keep=keep)
+    record(depth - 1, steps[-1])
+    return topk
 
 
 def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8, tree_top_k: int = 4,
@@ -162,7 +232,7 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
         for sample in samples:
             if int(sample["loss_mask"].sum()) < 2:
                 continue
-            parts.append(sample_predictions(drafter, sample, lm_head, depth, tree_top_k))
+            parts.append(sample_predictions(drafter, sample, lm_head, depth, tree_top_k, prune=min(tree_depth, depth)))
             if progress is not None:
                 progress(int(sample["loss_mask"].shape[0]))
     if not parts:
@@ -182,6 +252,7 @@ def evaluate(
     drafter_path,
     *,
     data=None,
+    data_format: str | None = None,
     prompts=None,
     target=None,
     limit: int | None = None,
@@ -189,44 +260,114 @@ def evaluate(
     depth: int = 8,
     tree_top_k: int = 4,
     tree_depth: int = 5,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
     layer_convention: str | None = None,
     progress: bool = True,
 ) -> dict:
-    """`eyas eval`: load the draft, get features (stored shards, or prompts answered by the target
-    now), measure acceptance. Exactly one of `data` (a capture folder) or `prompts` (a prompt file,
-    or "mtbench") is used; `target` None is the embedded default.
+    """`eyas eval`: load the draft, get features, measure acceptance.
+
+    Exactly one of `data` (a feature cache: eyas shards, or another trainer's cache, detected or
+    named by `data_format`: eyas.data.caches) or `prompts` (a prompt file, or "mtbench", answered
+    by the target now) is used; `target` None is the embedded default. With `data` the target is
+    never built: its verdict comes from the stored last hidden state through its final norm and
+    lm_head (read by name from its shards), or, for a cache without one, from the stored tokens.
+    `dtype` "auto" (`eval_dtype`): bf16 where the device multiplies it natively, else fp32.
     """
-    drafter, config = load_drafter_and_config(drafter_path, target=target, layer_convention=layer_convention,
+    from eyas.data.caches import PRE_NORM, open_cache  # other trainers' readers load only for --data
+
+    t0 = time.perf_counter()
+    dtype = eval_dtype(dtype, device)
+    ref = TargetRef.resolve(target, needed_by="eyas eval", device=device, dtype=dtype)
+    drafter, config = load_drafter_and_config(drafter_path, target=ref, layer_convention=layer_convention,
                                               dtype=dtype)
+    drafter.to(ref.device)
     layers = drafter.contract.capture_layers
     if layers is None:
-        layers = default_capture_layers(target_config(target)["num_hidden_layers"])
+        layers = default_capture_layers(ref.num_layers)
         print(f"warning: {drafter_path} names no capture layers; using the engine default {list(layers)}",
               file=sys.stderr)
-    lm_head = target_tensors(target, ["lm_head.weight"])["lm_head.weight"].to(dtype)
     with tempfile.TemporaryDirectory(prefix="eyas-eval-") as tmp:
         if data is None:
-            tgt = Target.load(target, dtype=dtype)
-            capture(tgt, read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
+            capture(Target.load(ref), read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
                     max_new_tokens=max_new_tokens, dtype=dtype, progress=progress)
-            data = tmp
-        samples = open_shards(data, expect_target=target_name(target))
-        if samples.capture_layers != list(layers):  # named here: the draft's side is its config file
-            raise ContractError(
-                f"{samples.folder / MANIFEST}: captured at layers {samples.capture_layers}, the draft ({config}) "
-                f"reads {list(layers)}",
-                "capture again with the draft's capture layers",
-            )
+            data, data_format = tmp, "eyas"
+        cache = open_cache(data, format=data_format, num_layers=ref.num_layers)
+        info = cache.info
+        if info.format == "eyas":
+            open_shards(data, expect_target=ref.name)  # a capture from another target is refused
+        check_cache_fits(info, ref.hidden_size, ref.name)
+        _check_layers(info, tuple(layers), config)
+        _specforge_note(info, config)
+        head = ref.head() if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
-        samples = itertools.islice(samples, limit) if limit else samples
-        report = evaluate_samples(drafter, samples, lm_head, depth=depth, tree_top_k=tree_top_k,
-                                  tree_depth=tree_depth, progress=bar.update)
+        samples = itertools.islice(cache, limit) if limit else cache
+        samples = judged(samples, head, normed=info.last_hidden != PRE_NORM, device=ref.device,
+                         vocab_size=ref.vocab_size, where=info.path)
+        t1 = time.perf_counter()
+        report = evaluate_samples(drafter, samples, None if head is None else head.lm_head, depth=depth,
+                                  tree_top_k=tree_top_k, tree_depth=tree_depth, progress=bar.update)
         bar.close()
-    report["drafter"] = str(resolve_drafter(drafter_path, target))
-    report["target"] = str(resolve_target(target))
+    seconds = time.perf_counter() - t1
+    report["drafter"] = str(resolve_drafter(drafter_path, ref))
+    report["target"] = str(ref.path)
     report["capture_layers"] = list(layers)
+    report["data"] = {"format": info.format, "path": str(info.path), "layers": info.layers_note,
+                      "layers_recorded": info.layers_recorded, "answers": info.answers_note,
+                      "verdict": FROM_HEAD if head is not None else FROM_TOKENS}
+    report["cost"] = {"device": str(ref.device), "dtype": str(dtype).removeprefix("torch."),
+                      "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(seconds, 2),
+                      "positions_per_s": round(report["tokens"] / seconds, 1) if seconds > 0 else None,
+                      "target_tensors_read": list(ref.read)}
     return report
+
+
+def eval_dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> torch.dtype:
+    """`dtype`, or for "auto" bf16 on a GPU or a CPU with bf16 dot products (avx512_bf16, AMX, Arm
+    bf16) and fp32 elsewhere: on an AVX2-only CPU bf16 products are emulated and eval runs about 3.5x
+    slower in bf16 than in fp32 (benchmarks/README.md, bench_eval.py)."""
+    if not (isinstance(dtype, str) and dtype.lower() == "auto"):
+        return to_dtype(dtype, (torch.bfloat16, torch.float32))
+    on_gpu = device is not None and torch.device(str(device)).type == "cuda"
+    return torch.bfloat16 if on_gpu or bf16_dot_products() else torch.float32
+
+
+def _specforge_note(info: CacheInfo, config) -> None:
+    """SpecForge captures the layers its draft config names: say so when the draft folder's flat config
+    names other layers than the default eyas assumed (the seed's fault: ids written as capture indices,
+    which SpecForge and SGLang read as outputs of layers)."""
+    from eyas.data.caches.specforge import layers_for_draft
+
+    named = layers_for_draft(config.parent) if info.format == "specforge" and not info.layers_recorded else None
+    if named and info.capture_layers is not None and named[1] != tuple(info.capture_layers):
+        print(f"warning: SpecForge takes its layers from the draft config it trained with: with {named[0]} it "
+              f"captured {list(named[1])} (its ids are outputs of layers), not the assumed {list(info.capture_layers)}",
+              file=sys.stderr)
+
+
+def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
+    """A cache that records other layers than the draft reads is refused; one that records none is
+    read at the draft's layers, saying so (with how to confirm it) on stderr."""
+    if info.num_slots != len(layers):
+        raise ContractError(
+            f"{info.path}: {info.num_slots} captured layers per position ({info.layers_note}); the draft ({config}) "
+            f"reads {len(layers)}: capture {list(layers)}",
+            "evaluate on a cache taken at the draft's capture layers",
+        )
+    if info.capture_layers is not None and info.layers_recorded and tuple(info.capture_layers) != layers:
+        where = info.path / MANIFEST if info.format == "eyas" else info.path  # the file that records them
+        raise ContractError(
+            f"{where}: captured at layers {list(info.capture_layers)}, the draft ({config}) reads {list(layers)}",
+            "capture again with the draft's capture layers",
+        )
+    if info.layers_recorded:
+        return
+    print(f"eyas: {info.format} cache {info.path}: {info.layers_note}", file=sys.stderr)
+    if info.capture_layers is not None and tuple(info.capture_layers) != layers:
+        print(f"warning: the draft ({config}) reads capture {list(layers)}, not the assumed "
+              f"{list(info.capture_layers)}; evaluating as if the cache held the draft's layers", file=sys.stderr)
+    print(f"eyas: to confirm the cache's layers, run: eyas doctor DRAFT --features {info.path} --target "
+          "FULL_TARGET_FOLDER (matches the cache against the target's own states)", file=sys.stderr)
 
 
 def plot_report(report: dict, path) -> None:

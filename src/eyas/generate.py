@@ -2,8 +2,9 @@
 
 `run_generate` applies the target's chat template, decodes with `eyas.decode.generate` and writes
 the answer as tokens are accepted (`TextStream` holds back a character split across tokens).
-Without a shape it uses the fastest one a sweep recorded for this machine (eyas.draft_shape), or
-the target alone where that sweep found nothing faster; `dtype="auto"` decodes in the dtype measured
+Without a shape it uses the fastest one a sweep recorded for this machine (eyas.draft_shape),
+measured first by a quick sweep when none is recorded, or the target alone where the sweep found
+nothing faster; `dtype="auto"` decodes in the dtype measured
 fastest here (eyas.dtype_choice). Every round's tree also carries an n-gram branch (text copied from
 the context, eyas.decode.ngram). `chat_ids`, `load_models` and `choose_shape` are shared with
 `eyas bench`, which must decode exactly the same way.
@@ -23,13 +24,14 @@ from eyas.drafter import Drafter
 from eyas.drafter_loading import load_drafter
 from eyas.dtype_choice import DECODE_DTYPES, resolve_dtype
 from eyas.dtypes import short_name
-from eyas.target import Target
+from eyas.target import Target, TargetRef
 
-__all__ = ["DECODE_DTYPES", "NGRAM_TOKENS", "TARGET_ALONE", "TextStream", "chat_ids", "choose_shape",
-           "format_generate", "load_models", "run_generate"]
+__all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "TextStream", "chat_ids", "choose_shape",
+           "format_generate", "load_models", "measure_shape", "run_generate"]
 
 NGRAM_TOKENS = 8  # tokens an n-gram branch proposes per round in `eyas generate` / `eyas bench`
 TARGET_ALONE = "target alone: no shape beat it on this machine"  # the shape source when a sweep said so
+MEASURED_NOW = "measured now (none was cached)"  # the shape source when choose_shape ran the quick sweep
 
 
 def chat_ids(target: Target, prompt: Prompt | str, *, max_new_tokens: int) -> list[int]:
@@ -76,31 +78,63 @@ class TextStream:
 
 
 def load_models(
-    drafter: str | Path | None, target: str | Path | None, dtype: torch.dtype, layer_convention: str | None = None
+    drafter: str | Path | None, target: str | Path | None, dtype: torch.dtype, layer_convention: str | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[Target, Drafter | None]:
     """The drafter first: load_drafter checks that it fits the target's config.json (vocab, hidden
-    size, capture depth) before any weights are read, so a mismatch fails before the target loads."""
-    draft = (load_drafter(drafter, target=target, dtype=dtype, layer_convention=layer_convention)
+    size, capture depth) before any weights are read, so a mismatch fails before the target loads.
+    Both go to `device` (default cpu)."""
+    ref = TargetRef.resolve(target, device=device, dtype=dtype)
+    draft = (load_drafter(drafter, target=ref, dtype=dtype, layer_convention=layer_convention)
              if drafter is not None else None)
-    return Target.load(target, dtype=dtype), draft
+    return Target.load(ref), draft
+
+
+def measure_shape(target: Target, draft: Drafter, drafter: str | Path, dtype: torch.dtype, *,
+                  ngram_tokens: int = NGRAM_TOKENS, progress: bool = False) -> dict | None:
+    """The quick sweep (eyas.bench.sweep.quick_sweep) on a few MT-bench questions (the copy-heavy set
+    where MT-bench is not installed), run when no shape is cached; its entry is cached. None: no
+    question fits the target's context (nothing measured)."""
+    from eyas.bench.prompts import bench_prompts
+    from eyas.bench.sweep import QUICK_PROMPTS, QUICK_TOKENS, quick_sweep
+    from eyas.errors import EyasError
+
+    try:
+        items = bench_prompts("mtbench", limit=QUICK_PROMPTS)
+    except EyasError:
+        items = bench_prompts("copy", limit=QUICK_PROMPTS)
+    ids = []
+    for it in items:
+        try:
+            ids.append(chat_ids(target, it.prompt, max_new_tokens=QUICK_TOKENS))
+        except EyasError:  # longer than a small target's context: left out
+            continue
+    if not ids:
+        return None
+    return quick_sweep(target, draft, drafter, dtype, ids, eos_ids(target), ngram_tokens=ngram_tokens,
+                       progress=progress)
 
 
 def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtype, draft_tokens: int | None,
-                 tree: tuple[int, int, int] | None) -> tuple[dict, str]:
+                 tree: tuple[int, int, int] | None, *, models: tuple[Target, Drafter] | None = None,
+                 ) -> tuple[dict, str]:
     """(shape, where it came from) for one generation: the one given, else the sweep's best for this
-    target / drafter / dtype / machine, else the default chain. An empty shape decodes with the
+    target / drafter / dtype / machine (with `models`, the loaded target and draft, measured now by
+    `measure_shape` when none is cached), else the default chain. An empty shape decodes with the
     target alone: without a drafter, or when the sweep found no shape faster than the target alone."""
     if draft_tokens is not None or tree is not None:  # decode refuses both, or either without a drafter
         given = {"draft_tokens": draft_tokens, "tree": None if tree is None else list(tree)}
         return {k: v for k, v in given.items() if v is not None}, "given"
     if drafter is None:
         return {}, "none"
-    cached = read_best_shape(target_name, drafter, dtype)
+    cached, source = read_best_shape(target_name, drafter, dtype), "sweep cache"
+    if cached is None and models is not None and models[1] is not None:
+        cached, source = measure_shape(*models, drafter, dtype), MEASURED_NOW  # None: not measured
     if cached is None:
         return {"draft_tokens": DEFAULT_DRAFT_TOKENS}, "default"
     if cached.get("beats_target") is False:
         return {}, TARGET_ALONE
-    return cached["best"], "sweep cache"
+    return cached["best"], source
 
 
 def run_generate(
@@ -119,22 +153,23 @@ def run_generate(
     dtype: str | torch.dtype = "auto",
     stream: Callable[[str], object] | None = None,
     layer_convention: str | None = None,
+    device: str | torch.device | None = None,
 ) -> dict:
     """`eyas generate`: answer `prompt` (a user turn, chat template applied) with speculative decoding.
 
     Stops after the template's end-of-turn token or `max_new_tokens`. `stream` receives the text as
     tokens are accepted. Without `draft_tokens` and `tree` the shape is the best one a sweep
-    recorded for this target / drafter / dtype / machine (none, when the sweep found the target
-    alone faster), else decode's default chain. `drafter` None decodes with the target alone.
+    recorded for this target / drafter / dtype / machine (measured now when none is recorded; none,
+    when the sweep found the target alone faster). `drafter` None decodes with the target alone.
     `ngram_tokens`: the n-gram branch's length in every round's tree (0: off). `dtype`: "auto" (the
     dtype measured fastest for this target on this machine, eyas.dtype_choice), or bf16 / fp32 in
-    any spelling eyas.dtypes accepts. Returns the answer (`text`, `tokens`), the dtype and shape
+    any spelling eyas.dtypes accepts (on a GPU, `device`, "auto" is bf16). Returns the answer (`text`, `tokens`), the dtype and shape
     used and where they came from, and decode's stats (tau, acceptance_by_depth, tokens_per_s, ...).
     """
-    dtype, dtype_source = resolve_dtype(dtype, target)
+    dtype, dtype_source = resolve_dtype(dtype, target, device)
     tree = parse_tree(tree)
-    target_model, draft = load_models(drafter, target, dtype, layer_convention)
-    shape, source = choose_shape(target_model.name, drafter, dtype, draft_tokens, tree)
+    target_model, draft = load_models(drafter, target, dtype, layer_convention, device)
+    shape, source = choose_shape(target_model.name, drafter, dtype, draft_tokens, tree, models=(target_model, draft))
     ids = chat_ids(target_model, prompt, max_new_tokens=max_new_tokens)
     stops = eos_ids(target_model)
     streamer = TextStream(target_model.tokenizer, stream) if stream is not None else None
@@ -171,4 +206,4 @@ def format_generate(result: dict) -> str:
     acc = " ".join("-" if a is None else f"{a:.2f}" for a in s["acceptance_by_depth"]) or "-"
     tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
     return (f"{s['new_tokens']} tokens in {s['time_total_s']:.2f} s: {s['tokens_per_s'] or 0:.1f} tokens/s, "
-            f"{shape}, {result['dtype']}\ntau {tau}; acceptance by depth {acc}")
+            f"{shape}, {result['dtype']} ({result['dtype_source']})\ntau {tau}; acceptance by depth {acc}")

@@ -8,6 +8,7 @@ instruction sets that matter and the one torch dispatches to, torch's thread cou
 elsewhere.
 
     cpu_flags / cpu_model  what /proc/cpuinfo says about the CPU (recorded in bench reports)
+    cpu_class              that in a few words (AVX2 only, AVX-512 + AMX, ...), as bench tables name it
     machine_key            the part of a cache key that names this machine
     read_measured / save_measured   per kind of measurement, a JSON file under $XDG_CACHE_HOME/eyas
                                     of entries keyed by what the measurement depends on
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 from eyas.atomic import write_json
-from eyas.target import cache_dir
+from eyas.embedded import cache_dir
 
 # Instruction sets that change which kernels run (x86: vector width, bf16/fp16/int8 dot products,
 # AMX tiles; Arm: SVE, bf16, int8 matmul).
@@ -61,6 +62,29 @@ def cpu_flags() -> list[str]:
 def cpu_model() -> str:
     info = _cpuinfo()
     return info.get("model name") or info.get("Model") or platform.processor() or platform.machine()
+
+
+def bf16_dot_products() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 avx512_bf16 or AMX, Arm bf16): where it does not
+    (AVX2-only CPUs), bf16 products are emulated and run several times slower than fp32."""
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(cpu_flags()))
+
+
+def cpu_class() -> str:
+    """The kind of CPU in a few words, as bench tables name it: its widest vector instruction set,
+    its bf16 dot products, and whether torch's dispatch is capped below what the CPU has."""
+    flags = set(cpu_flags())
+    dispatch = torch.backends.cpu.get_cpu_capability()  # e.g. AVX512, AVX2, DEFAULT (aarch64: SVE256, ...)
+    if "asimd" in flags or platform.machine() in ("aarch64", "arm64"):
+        return "Arm " + ("SVE" if "sve" in flags else "NEON") + (" + bf16" if "bf16" in flags else "")
+    if "avx512f" in flags:
+        kind = "AVX-512 + AMX" if "amx_bf16" in flags else "AVX-512 + avx512_bf16, no AMX" if "avx512_bf16" in flags \
+            else "AVX-512, no bf16 dot products"
+    else:
+        kind = "AVX2 only" if "avx2" in flags else "no AVX2"
+    if "avx512f" in flags and dispatch == "AVX2":
+        return f"AVX2 (emulated: torch capped to AVX2 on an {kind} CPU)"
+    return kind
 
 
 def machine_key() -> list:

@@ -37,14 +37,30 @@ class TTTCache:
         self.k: list[list[Tensor]] = [[] for _ in range(num_layers)]
         self.v: list[list[Tensor]] = [[] for _ in range(num_layers)]
         self.mask = mask
-        self.blocks = query_blocks(mask, QUERY_BLOCK)
+        self.blocks = [(a, b, lo, b) for a, b, lo in query_blocks(mask, QUERY_BLOCK)]
+        self.later = (mask, self.blocks)  # steps 1..: their queries' step-0 mask rows and blocks
         self.length = 0  # positions processed, all steps together (Drafter.forward advances it)
+
+    def select_rows(self, rows: Tensor, within: Tensor | None = None) -> None:
+        """From the next step on, queries (and their own keys) are the positions `rows` [R]
+        (increasing) only: each is scored against the same step-0 keys, in the same key range, as in
+        the full unroll, so its attention is computed exactly as there. `within` (bool over the rows
+        selected before) narrows an earlier selection: the later steps' keys kept are those rows'."""
+        bounds = torch.searchsorted(rows, torch.tensor([a for a, *_ in self.blocks] + [self.mask.shape[-2]],
+                                                       device=rows.device)).tolist()
+        blocks = [(ra, rb, lo, hi) for (_, _, lo, hi), ra, rb in zip(self.blocks, bounds, bounds[1:]) if rb > ra]
+        self.later = (self.mask[:, rows], blocks)
+        if within is not None:
+            for ks, vs in zip(self.k, self.v):
+                ks[1:] = [k[:, :, within] for k in ks[1:]]
+                vs[1:] = [v[:, :, within] for v in vs[1:]]
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Store this step's k/v [B, n_kv, T, D] for `layer_idx`, then `ttt_attention` for its queries."""
         self.k[layer_idx].append(k)
         self.v[layer_idx].append(v)
-        return ttt_attention(q, self.k[layer_idx], self.v[layer_idx], self.mask, self.blocks)
+        mask, blocks = (self.mask, self.blocks) if len(self.k[layer_idx]) == 1 else self.later
+        return ttt_attention(q, self.k[layer_idx], self.v[layer_idx], mask, blocks)
 
 
 def query_blocks(mask: Tensor, size: int) -> list[tuple[int, int, int]]:
@@ -58,9 +74,10 @@ def query_blocks(mask: Tensor, size: int) -> list[tuple[int, int, int]]:
 
 
 def ttt_attention(q: Tensor, ks: list[Tensor], vs: list[Tensor], mask: Tensor,
-                  blocks: list[tuple[int, int, int]]) -> Tensor:
-    """Step j's attention: q [B, nh, T, D]; ks/vs the keys/values of steps 0..j, each [B, n_kv, T, D];
-    mask bool [B or 1, T, T] over the step-0 keys; blocks from `query_blocks(mask)` -> [B, nh, T, D].
+                  blocks: list[tuple[int, int, int, int]]) -> Tensor:
+    """Step j's attention: q [B, nh, T, D]; ks/vs the keys/values of steps 0..j, step 0's [B, n_kv, S, D],
+    later steps' [B, n_kv, T, D] (the queries' own); mask bool [B or 1, T, S] over the step-0 keys;
+    blocks (first query, end query, first key, end key) -> [B, nh, T, D].
 
     softmax(cat(q k_0^T masked, q_t . k_s[t] for s = 1..j) / sqrt(D)), in fp32, over the keys each
     block needs. Query heads are grouped by their kv head (`repeat_kv`'s order: head h reads kv head
@@ -72,12 +89,12 @@ def ttt_attention(q: Tensor, ks: list[Tensor], vs: list[Tensor], mask: Tensor,
     k0, v0 = ks[0][:, :, None], vs[0][:, :, None]  # [B, n_kv, 1, T, D]
     diagonal = [(qg.float() * k[:, :, None].float()).sum(-1, keepdim=True) for k in ks[1:]]  # j x [.., T, 1]
     out = []
-    for a, b, lo in blocks:
-        scores = (qg[..., a:b, :] @ k0[..., lo:b, :].transpose(-1, -2)).float()  # [.., b - a, b - lo]
-        scores = scores.masked_fill(~mask[:, None, None, a:b, lo:b], float("-inf"))
+    for a, b, lo, hi in blocks:
+        scores = (qg[..., a:b, :] @ k0[..., lo:hi, :].transpose(-1, -2)).float()  # [.., b - a, hi - lo]
+        scores = scores.masked_fill(~mask[:, None, None, a:b, lo:hi], float("-inf"))
         probs = torch.softmax(torch.cat([scores, *(d[..., a:b, :] for d in diagonal)], dim=-1), dim=-1)
-        y = probs[..., : b - lo].to(v0.dtype) @ v0[..., lo:b, :]
+        y = probs[..., : hi - lo].to(v0.dtype) @ v0[..., lo:hi, :]
         for s, v in enumerate(vs[1:]):
-            y = y + probs[..., b - lo + s, None].to(v.dtype) * v[:, :, None, a:b]
+            y = y + probs[..., hi - lo + s, None].to(v.dtype) * v[:, :, None, a:b]
         out.append(y)
     return torch.cat(out, dim=-2).reshape(B, nh, T, D)

@@ -11,6 +11,7 @@ naming differs in one rule, `midlayer.` for `layers.0.`, and that rule lives her
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -86,6 +87,23 @@ def read_tensors(folder: Path, names: Iterable[str] | None = None) -> dict[str, 
                 "check the tensor name, or run: eyas inspect " + str(folder),
             )
     return tensors
+
+
+def weight_bytes(folder: Path, dtype: torch.dtype) -> int:
+    """What the weights in `folder` take once loaded in `dtype`, from the safetensors headers (no
+    tensor is read); pickles count by file size, as if stored in fp32. 0 when there are none."""
+    folder, itemsize, count = Path(folder), torch.empty(0, dtype=dtype).element_size(), 0
+    for rel in weight_files(folder) if find_weights(folder) else []:
+        path = folder / rel
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    count += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+            except _UNREADABLE:
+                continue  # reading it later names the problem
+        elif path.is_file() and not rel.endswith(".json"):
+            count += path.stat().st_size // 4
+    return count * itemsize
 
 
 def _first_line(e: BaseException) -> str:

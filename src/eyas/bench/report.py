@@ -16,7 +16,7 @@ from eyas.bench.timing import METHODS
 from eyas.draft_shape import shape_label
 from eyas.dtypes import short_name
 from eyas.generate import TARGET_ALONE
-from eyas.machine import cpu_flags, cpu_model
+from eyas.machine import cpu_class, cpu_flags, cpu_model
 
 
 def git_commit() -> str | None:
@@ -46,6 +46,7 @@ def environment(dtype: torch.dtype) -> dict:
         "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(),
         "machine": platform.machine(),
         "cpu": cpu_model(),
+        "cpu_class": cpu_class(),  # the kind of CPU, as tables name it
         "cpu_flags": cpu_flags(),  # the instruction sets measured shapes and dtypes are keyed by
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # what torch dispatches to (capped or not)
         "cpus": os.cpu_count(),
@@ -66,16 +67,18 @@ def format_bench(report: dict) -> str:
     ngram = f", n-gram branch {report['ngram_tokens']}" if report.get("ngram_tokens") else ""
     lines = [
         (f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
-         f"{report['dtype']} ({report.get('dtype_source', 'given')}), {env['threads']} threads, "
+         f"eyas in {report['dtype']} ({report.get('dtype_source', 'given')}), {env['threads']} threads, "
          f"torch {env['torch']}{ngram}; target {report['target']}"),
+        f"CPU: {env.get('cpu_class', '?')} ({env['cpu']}, {env['cpus']} CPUs)",
         ("speedup: pooled tokens/s over hf_greedy's; per prompt: median [quartiles] of the prompts' ratios; "
          "cpu: the same pooled ratio in tokens per CPU second"),
-        (f"{'method':<30} {'tok/s':>7} {'speedup':>8} {'per prompt':>18} {'cpu':>6} {'tau':>5} {'identical':>9}  "
-         f"{'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
+        (f"{'method':<30} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'per prompt':>18} {'cpu':>6} {'tau':>5} "
+         f"{'identical':>9}  {'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
     ]
     for name, m in report["methods"].items():
         split, p = m["time_split"] or {}, m["per_prompt_speedup"]
-        row = f"{name + (' (' + label[name] + ')' if name in label else ''):<30} {_f(m['tokens_per_s'], '.1f'):>7} "
+        row = f"{name + (' (' + label[name] + ')' if name in label else ''):<30} {m.get('dtype', report['dtype']):>5} "
+        row += f"{_f(m['tokens_per_s'], '.1f'):>7} "
         row += f"{_f(m['speedup'], '.2f') + 'x':>8} "
         row += f"{_f(p['median'], '.2f') + ' [' + _f(p['q25'], '.2f') + '-' + _f(p['q75'], '.2f') + ']':>18} "
         row += f"{_f(m['cpu_speedup'], '.2f') + 'x':>6} "
@@ -96,10 +99,15 @@ def format_bench(report: dict) -> str:
                      f"(measured {t['measured']:.2f}x)")
     if report["sweep"]:
         s = report["sweep"]
-        lines.append(f"sweep: fastest {shape_label(s['best'])} at {s['best_tokens_per_s']:.1f} tok/s, target alone "
+        kind = "quick sweep (no shape was cached)" if s.get("quick") else "sweep"
+        lines.append(f"{kind}: fastest {shape_label(s['best'])} at {s['best_tokens_per_s']:.1f} tok/s, target alone "
                      f"{s['target_tokens_per_s']:.1f} tok/s; saved to {s['cache']}")
-    if shapes["generate"]["source"] == TARGET_ALONE:
-        lines.append(f"eyas generate decodes with the {TARGET_ALONE}")
+    gen = shapes["generate"]
+    if gen["source"] == TARGET_ALONE:
+        lines.append(f"eyas generate decodes with the {TARGET_ALONE} (the draft is off: the rows above that use it "
+                     "are for comparison)")
+    elif gen["shape"]:
+        lines.append(f"eyas generate decodes with {shape_label(gen['shape'])} ({gen['source']})")
     return "\n".join(lines)
 
 

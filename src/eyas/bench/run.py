@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import torch
 
 from eyas.bench.prompts import bench_prompts
 from eyas.bench.report import environment, plot_bench
-from eyas.bench.sweep import sweep_shapes
+from eyas.bench.sweep import save_sweep, sweep_shapes
 from eyas.bench.timing import (
     METHODS,
     PROMPT_LOOKUP_TOKENS,
@@ -24,11 +23,12 @@ from eyas.bench.timing import (
 )
 from eyas.data import eos_ids
 from eyas.decode import DEFAULT_DRAFT_TOKENS
-from eyas.draft_shape import parse_tree, read_best_shape, save_best_shape
-from eyas.dtype_choice import AUTO, DECODE_DTYPES, resolve_dtype
+from eyas.draft_shape import parse_tree, read_best_shape
+from eyas.dtype_choice import AUTO, DECODE_DTYPES, hf_dtypes, is_auto, resolve_dtype
 from eyas.dtypes import short_name, to_dtype
 from eyas.errors import EyasError
-from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models
+from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, measure_shape
+from eyas.target import Target
 
 DEFAULT_TREE = (5, 4, 16)  # 16 draft nodes: the tree when neither --tree nor a sweep gives one
 
@@ -48,28 +48,38 @@ def run_bench(
     plot: str | Path | None = None,
     progress: bool = True,
     layer_convention: str | None = None,
+    device: str | torch.device | None = None,
 ) -> dict:
     """`eyas bench`: HF greedy, HF prompt lookup, eyas target-only, chain and tree on the same prompts.
 
     Greedy, batch 1, chat template applied, stop at end of turn or `max_new_tokens`. Each method
-    is warmed up once, then every prompt runs every method back to back. `dtype` "auto": the dtype
-    measured fastest for this target on this machine (eyas.dtype_choice), for every method, the
-    baseline included. Chain and tree shapes: `draft_tokens` / `tree` if given, else the sweep's
-    (`sweep=True` runs one first and caches its winner), else the cached best for this target /
-    drafter / dtype / machine, else defaults; both carry an n-gram branch of `ngram_tokens` (0: off).
+    is warmed up once, then every prompt runs every method back to back. `dtype` "auto": eyas's
+    methods decode in the dtype measured fastest for this target on this machine, and each Hugging
+    Face baseline runs in ITS fastest dtype here (eyas.dtype_choice; each row records its dtype); a
+    given dtype is every method's. Chain and tree shapes: `draft_tokens` / `tree` if given, else the
+    sweep's (`sweep=True` runs one first and caches its winner), else the cached best for this
+    target / drafter / dtype / machine, else a quick sweep measures one now (and caches it); both
+    carry an n-gram branch of `ngram_tokens` (0: off).
+    Every model runs on `device` (default cpu; on a GPU "auto" is bf16 for every method).
     `plot`: a PNG of the speedup per method and category. Returns the JSON report: `methods` and
     `categories` (per method: tokens_per_s, speedup over hf_greedy pooled and `per_prompt_speedup`
     median and quartiles, tau, acceptance_by_depth, time_split, greedy_identical), `prompts` (per
     prompt), `shapes` (with what `eyas generate` would use), `sweep` and `environment`.
     """
-    if not (isinstance(dtype, str) and dtype.lower() == AUTO):
+    asked = dtype
+    if not is_auto(dtype):
         dtype = to_dtype(dtype, DECODE_DTYPES)  # a bad name fails before anything is read
     tree = parse_tree(tree)
     if draft_tokens is not None and draft_tokens < 1:
         raise EyasError(f"draft_tokens={draft_tokens}: a chain needs at least 1 draft token", "e.g. --draft-tokens 4")
     items = bench_prompts(prompts, limit=limit)  # a bad prompt file fails before any model loads
-    dtype, dtype_source = resolve_dtype(dtype, target)
-    target_model, draft = load_models(drafter, target, dtype, layer_convention)
+    dtype, dtype_source = resolve_dtype(dtype, target, device)
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    # each Hugging Face baseline in its own fastest dtype here (on a GPU: the one eyas decodes in)
+    baseline_dtypes = hf_dtypes(dtype if on_gpu else asked, target)
+    target_model, draft = load_models(drafter, target, dtype, layer_convention, device)
+    hf_models = {d: target_model if d == dtype else Target.load(target, dtype=d, device=device)
+                 for d, _ in baseline_dtypes.values()}
     prompt_ids = [chat_ids(target_model, it.prompt, max_new_tokens=max_new_tokens) for it in items]
     stops = eos_ids(target_model)
 
@@ -77,15 +87,17 @@ def run_bench(
     if sweep:
         sweep_report = sweep_shapes(target_model, draft, prompt_ids, stops, max_new_tokens=max_new_tokens,
                                     ngram_tokens=ngram_tokens, progress=progress)
-        entry = {**sweep_report, "target": target_model.name, "drafter": str(Path(drafter).resolve()),
-                 "dtype": short_name(dtype), "prompts": len(items), "max_new_tokens": max_new_tokens,
-                 "torch": torch.__version__,
-                 "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-        sweep_report["cache"] = str(save_best_shape(target_model.name, drafter, dtype, entry))
+        sweep_report["cache"] = str(save_sweep(target_model, drafter, dtype, sweep_report, prompts=len(items),
+                                               max_new_tokens=max_new_tokens))
+    elif (draft_tokens is None or tree is None) and read_best_shape(target_model.name, drafter, dtype) is None:
+        sweep_report = measure_shape(target_model, draft, drafter, dtype, ngram_tokens=ngram_tokens)
+        if sweep_report is not None:
+            sweep_report["quick"] = True
     shapes = _shapes(target_model.name, drafter, dtype, draft_tokens, tree, sweep_report)
+    hf_greedy_model, hf_lookup_model = (hf_models[baseline_dtypes[m][0]] for m in ("hf_greedy", "hf_prompt_lookup"))
     runners = {
-        "hf_greedy": hf_runner(target_model, stops, None),
-        "hf_prompt_lookup": hf_runner(target_model, stops, PROMPT_LOOKUP_TOKENS),
+        "hf_greedy": hf_runner(hf_greedy_model, stops, None),
+        "hf_prompt_lookup": hf_runner(hf_lookup_model, stops, PROMPT_LOOKUP_TOKENS),
         "eyas_target": eyas_runner(target_model, None, stops, {}),
         "eyas_chain": eyas_runner(target_model, draft, stops, shapes["eyas_chain"], ngram_tokens),
         "eyas_tree": eyas_runner(target_model, draft, stops, shapes["eyas_tree"], ngram_tokens),
@@ -93,9 +105,12 @@ def run_bench(
     runs: dict[str, list[Run]] = time_interleaved(runners, prompt_ids, max_new_tokens, set(stops), "bench",
                                                   progress)
 
+    row_dtypes = {m: short_name(baseline_dtypes[m][0]) if m in baseline_dtypes else short_name(dtype) for m in METHODS}
+
     def summarise(indices: list[int]) -> dict[str, dict]:
         ref = [runs["hf_greedy"][i] for i in indices]
-        return with_speedups({m: summary([runs[m][i] for i in indices], ref) for m in METHODS})
+        methods = with_speedups({m: summary([runs[m][i] for i in indices], ref) for m in METHODS})
+        return {m: {"dtype": row_dtypes[m], **v} for m, v in methods.items()}
 
     categories: dict[str, list[int]] = {}
     for i, it in enumerate(items):
@@ -108,6 +123,7 @@ def run_bench(
         "max_new_tokens": max_new_tokens,
         "dtype": short_name(dtype),
         "dtype_source": dtype_source,
+        "baseline_dtypes": {m: {"dtype": short_name(d), "source": src} for m, (d, src) in baseline_dtypes.items()},
         "ngram_tokens": ngram_tokens,
         "shapes": shapes,
         "methods": summarise(list(range(len(items)))),
@@ -133,7 +149,8 @@ def _shapes(target_name: str, drafter: str | Path, dtype: torch.dtype, draft_tok
             tree: tuple[int, int, int] | None, sweep_report: dict | None) -> dict:
     """The chain and tree to time, where each came from, and what `eyas generate` would decode with."""
     known = sweep_report or read_best_shape(target_name, drafter, dtype)
-    found = "sweep" if sweep_report else "sweep cache" if known else "default"
+    found = (("quick sweep" if sweep_report.get("quick") else "sweep") if sweep_report
+             else "sweep cache" if known else "default")
     chain = {"draft_tokens": draft_tokens or (known["best_chain"] if known else DEFAULT_DRAFT_TOKENS)}
     tree_shape = {"tree": list(tree or (known["best_tree"] if known else DEFAULT_TREE))}
     generate_shape, generate_source = choose_shape(target_name, drafter, dtype, None, None)

@@ -4,18 +4,69 @@ The winner is recorded in the shape cache (eyas.draft_shape) for this target, dr
 machine; `eyas generate` and later benches use it when no shape is given. The target alone runs in
 the same sweep: where no shape beats it, `eyas generate` decodes without the draft instead of
 being slower than plain decoding.
+
+When no shape is cached, `eyas generate` and `eyas bench` run `quick_sweep` first: fewer shapes on a
+few short MT-bench answers (about a minute on a 2-core CPU, said on stderr with what it cost), once
+per target, drafter, dtype and machine.
 """
 
 from __future__ import annotations
 
+import datetime
+import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+
+import torch
 
 from eyas.bench.timing import eyas_runner, summary, time_interleaved
+from eyas.draft_shape import save_best_shape, shape_label
 from eyas.drafter import Drafter
+from eyas.dtypes import short_name
 from eyas.target import Target
 
 SWEEP_CHAINS = tuple(range(1, 9))
 SWEEP_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16), (5, 8, 32), (6, 8, 48))
+# the sweep run when nothing is cached: these shapes and the target alone, QUICK_PROMPTS MT-bench
+# questions (spread over categories) x QUICK_TOKENS answer tokens
+QUICK_CHAINS = (1, 2, 3, 4, 6)
+QUICK_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16))
+QUICK_PROMPTS, QUICK_TOKENS = 4, 48
+
+
+def save_sweep(target: Target, drafter: str | Path, dtype: torch.dtype, report: dict, *, prompts: int,
+               max_new_tokens: int) -> Path:
+    """Cache a sweep's result for this target / drafter / dtype / machine (eyas.draft_shape)."""
+    entry = {**report, "target": target.name, "drafter": str(Path(drafter).resolve()), "dtype": short_name(dtype),
+             "prompts": prompts, "max_new_tokens": max_new_tokens, "torch": torch.__version__,
+             "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    return save_best_shape(target.name, drafter, dtype, entry)
+
+
+def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torch.dtype, prompt_ids: list[list[int]],
+                stops: list[int], *, ngram_tokens: int, progress: bool = False) -> dict:
+    """The sweep run once when no shape is cached: QUICK_CHAINS, QUICK_TREES and the target alone on
+    `prompt_ids` (QUICK_PROMPTS MT-bench questions, chat template applied) x QUICK_TOKENS tokens.
+    Says on stderr what it does and what it cost; caches and returns the sweep's report."""
+    shapes = len(QUICK_CHAINS) + len(QUICK_TREES)
+    print(f"eyas: no draft shape measured for this target, draft, {short_name(dtype)} and machine yet: timing "
+          f"{shapes} shapes and the target alone on {len(prompt_ids)} MT-bench questions x {QUICK_TOKENS} tokens "
+          "(once; about a minute on 2 cores)", file=sys.stderr)
+    t0 = time.perf_counter()
+    report = sweep_shapes(target, draft, prompt_ids, stops, max_new_tokens=QUICK_TOKENS, ngram_tokens=ngram_tokens,
+                          chains=QUICK_CHAINS, trees=QUICK_TREES, progress=progress)
+    report["cache"] = str(save_sweep(target, drafter, dtype, report, prompts=len(prompt_ids),
+                                     max_new_tokens=QUICK_TOKENS))
+    report["seconds"] = time.perf_counter() - t0
+    verdict = (f"fastest {shape_label(report['best'])} at {report['best_tokens_per_s']:.1f} tok/s"
+               if report["beats_target"] else
+               f"no shape beat the target alone (best {shape_label(report['best'])} "
+               f"{report['best_tokens_per_s']:.1f} tok/s): the draft is off")
+    print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s; took "
+          f"{report['seconds']:.0f} s, cached in {report['cache']} (measured again by `eyas bench --sweep`)",
+          file=sys.stderr)
+    return report
 
 
 def sweep_shapes(

@@ -1,7 +1,8 @@
 """Offline checks of a draft checkpoint, and what each serving engine will actually do with it.
 
-- `consumers`: what vLLM, SGLang (current and legacy) and speculators load and how they wire the draft
-  (`consumers`, `consumer_warnings`).
+- `consumers`: what vLLM, SGLang (current and legacy), speculators and llama.cpp load and how they wire
+  the draft (`consumers`, `consumer_warnings`); each engine's statements are made in its view only
+  (`sglang`, `llamacpp` hold the views read from those engines' sources; `view` their shared shape).
 - `rules`: the contract against a target's config (`target_problems`) and on its own (`contract_problems`).
 - `report`: `check_checkpoint` (what `eyas check` prints) and its `CheckReport`.
 

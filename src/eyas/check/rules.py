@@ -95,7 +95,8 @@ def contract_problems(ckpt: Checkpoint) -> tuple[list[dict[str, str]], list[dict
             finding(
                 "verifier_name_missing",
                 "speculators_config.verifier.name_or_path",
-                f"{spec_files[0]}: no verifier name: `vllm serve DIR` cannot find the target",
+                f"{spec_files[0]}: no verifier name: a reader that serves or loads the verifier a draft names "
+                "cannot find the target (see consumers)",
                 _HUB_ID,
             )
         )
@@ -105,7 +106,7 @@ def contract_problems(ckpt: Checkpoint) -> tuple[list[dict[str, str]], list[dict
                 "verifier_not_portable",
                 "speculators_config.verifier.name_or_path",
                 f"verifier {name!r} is a local path: the checkpoint is not portable "
-                "(vLLM serves the verifier it names; speculators downloads from it)",
+                "(readers that serve or download the verifier a draft names look for it there; see consumers)",
                 _HUB_ID,
             )
         )

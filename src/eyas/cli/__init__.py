@@ -2,6 +2,7 @@
 
 - `parser`: the one grammar (build_parser), every flag built by a shared helper.
 - `inputs`: flags -> library arguments, the same for every verb (target, draft, capture layers).
+- `preflight`: every verb's flags and input files checked before anything loads (`preflight.check`).
 - `output`: JSON on stdout, logs on stderr, the text of a finding.
 - `checkpoint`: inspect, check, convert, init, and the inspect report.
 - `measure`: capture, eval, train.
@@ -11,7 +12,9 @@
 
 Every command prints one JSON object on stdout under `--json` (logs go to stderr) and exits 0 (ok),
 1 (`check` found problems, `doctor` found a fault) or 2 (the input cannot be used: one `error:` and
-one `hint:` line; `EYAS_DEBUG=1` shows the traceback instead). `python -m eyas` is the same command.
+one `hint:` line; `EYAS_DEBUG=1` shows the traceback instead); SIGINT / SIGTERM during capture or
+train exit 130 / 143 with one `interrupted by ...` line (eyas.interrupt). `python -m eyas` is the
+same command.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 from eyas.cli.output import progress_bars
 from eyas.cli.parser import build_parser
 from eyas.errors import EyasError
+from eyas.interrupt import Interrupted
 
 __all__ = ["build_parser", "main"]
 
@@ -43,3 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # SIGINT / SIGTERM in capture or train: what was kept, how to resume
+        print(e, file=sys.stderr)
+        return e.exit_code

@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from eyas.cli import preflight
 from eyas.cli.inputs import capture_layers_of, drafter_of, target_of
 from eyas.cli.output import log, print_json
 from eyas.codes import text_of
@@ -106,6 +107,7 @@ def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]
         ("embeddings", f"{embeddings}  <- {o.get('has_embeddings', '')}"),
         ("vocab map", ("d2t/t2d" if c["has_vocab_map"] else "none") + f"  <- {o.get('has_vocab_map', '')}"),
         ("verifier", ver),
+        ("runs in eyas", "yes" if not c.get("unsupported") else f"no: no code for its {c['unsupported']}"),
     ]
 
 
@@ -125,7 +127,8 @@ def _consumer_lines(consumers: dict[str, dict[str, Any]]) -> list[str]:
         if r["loads"]:
             cap = "N-dependent default" if r["capture_layers"] is None else str(r["capture_layers"])
             lines.append(
-                f"  {name:<14} loads    capture {cap}, norm_before_residual={_yes(r['norm_before_residual'])}, "
+                f"  {name:<14} loads    capture {cap}, norm_before_residual="
+                f"{'not read' if r['norm_before_residual'] is None else _yes(r['norm_before_residual'])}, "
                 f"embeddings: {r['embeddings']}"
             )
         else:
@@ -161,6 +164,7 @@ def format_inspect(rep: dict[str, Any]) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.formats import read_checkpoint
 
     ckpt = read_checkpoint(drafter_of(args), layer_convention=args.layer_convention,
@@ -177,6 +181,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.check import check_checkpoint
 
     rep = check_checkpoint(drafter_of(args), target=target_of(args, weights=False),
@@ -205,6 +210,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.check import consumer_warnings, consumers
     from eyas.formats import convert_checkpoint
 
@@ -251,6 +257,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.contract import contract_for_target
     from eyas.drafter import Drafter
     from eyas.formats import write_checkpoint

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
 from eyas.cli.output import log, print_json
 
@@ -21,13 +22,13 @@ def _stream(text: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.generate import format_generate, run_generate
-    from eyas.dtypes import to_dtype
 
     result = run_generate(drafter_of(args), args.prompt, draft_tokens=args.draft_tokens, tree=args.tree,
                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           max_new_tokens=args.max_new_tokens, seed=args.seed, target=target_of(args, weights=True),
-                          dtype=to_dtype(args.dtype), layer_convention=args.layer_convention,
+                          dtype=args.dtype, layer_convention=args.layer_convention, device=args.device,
                           stream=None if args.json else _stream)
     if args.json:
         print_json(result)
@@ -38,12 +39,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.bench import format_bench, run_bench
-    from eyas.dtypes import to_dtype
 
     report = run_bench(drafter_of(args), prompts=args.prompts, target=target_of(args, weights=True),
-                       dtype=to_dtype(args.dtype), max_new_tokens=args.max_new_tokens, limit=args.limit,
+                       dtype=args.dtype, max_new_tokens=args.max_new_tokens, limit=args.limit,
                        draft_tokens=args.draft_tokens, tree=args.tree, sweep=args.sweep, plot=args.plot,
-                       layer_convention=args.layer_convention, progress=args.progress)
+                       layer_convention=args.layer_convention, device=args.device, progress=args.progress)
     print(json.dumps(report, indent=2) if args.json else format_bench(report))
     return 0

@@ -9,14 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.doctor import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, diagnose, format_report
 
     report = diagnose(drafter_of(args), target=target_of(args, weights=True), prompts=args.prompts,
-                      features=args.features, layer_convention=args.layer_convention,
+                      features=args.features, data_format=args.data_format, device=args.device,
+                      layer_convention=args.layer_convention,
                       limit=DEFAULT_LIMIT if args.limit is None else args.limit,
                       max_new_tokens=DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
                       progress=args.progress)

@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.engines import format_serve_check, serve_check
 
     report = serve_check(drafter_of(args), engine=args.engine, target=target_of(args, weights=True),
                          prompts=args.prompts, limit=args.limit, draft_tokens=args.draft_tokens,
-                         max_new_tokens=args.max_new_tokens, dump=args.dump, progress=args.progress)
+                         max_new_tokens=args.max_new_tokens, dump=args.dump, device=args.device,
+                         progress=args.progress)
     print(json.dumps(report, indent=2) if args.json else format_serve_check(report))
     return 0 if report["agree"] else 1

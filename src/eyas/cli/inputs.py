@@ -14,10 +14,14 @@ def target_of(args: argparse.Namespace, *, weights: bool) -> Path | None:
 
     Verbs that run the target (`weights`) keep the embedded default as None, so what they record
     names it by its hub id, not by its cache folder. Verbs that only compare configs get None when
-    `--target` is not given: they then read the draft alone.
+    `--target` is not given: they then read the draft alone. `--device`, where the verb has it, is
+    checked here too: it says where the target runs.
     """
+    from eyas.devices import parse_device
     from eyas.target import DEFAULT_SPECS, resolve_target
 
+    if getattr(args, "device", None) is not None:
+        parse_device(args.device)  # a device this machine lacks is refused before anything loads
     if weights and args.target in DEFAULT_SPECS or args.target is None:
         return None
     return resolve_target(args.target, weights=weights, needed_by=f"eyas {args.command}")

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from eyas.cli import preflight
 from eyas.cli.inputs import capture_layers_of, drafter_of, target_of
 from eyas.cli.output import print_json
 from eyas.errors import EyasError
@@ -20,6 +21,7 @@ from eyas.errors import EyasError
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.contract import default_capture_layers
     from eyas.data import capture, read_prompts
     from eyas.dtypes import to_dtype
@@ -39,7 +41,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
                        do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
                        seed=args.seed, skip_long=args.skip_long, max_length=args.max_length,
-                       progress=args.progress, device=args.device)
+                       progress=args.progress, device=args.device, resumable=True)
     if args.json:
         print_json(manifest)
     else:
@@ -52,7 +54,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def format_eval(rep: dict[str, Any]) -> str:
-    """The eval table: per-depth acceptance, chain tau by k, tree tau, coverage."""
+    """The eval table: per-depth acceptance, chain tau by k, tree tau, coverage; then what the
+    features were, what judged them, and what it cost."""
+    from eyas.verdict import describe
+
     lines = [f"{rep['drafter']} on {rep['target']} (capture layers {rep['capture_layers']}): "
              f"{rep['tokens']} positions, draft-vocab coverage {rep['coverage']:.3f}",
              "depth  acceptance  positions   |  k  tau_chain"]
@@ -62,19 +67,26 @@ def format_eval(rep: dict[str, Any]) -> str:
         lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
+    data, cost = rep["data"], rep["cost"]
+    lines.append(f"data: {data['format']} cache {data['path']}; {data['layers']}")
+    lines.append(f"verdict: {describe(data['verdict'])}; answers: {data['answers']}")
+    rate = "-" if cost["positions_per_s"] is None else f"{cost['positions_per_s']:.0f}"
+    lines.append(f"cost: {cost['seconds']:.1f} s on {cost['device']} ({cost['dtype']}), {rate} positions/s measured; "
+                 f"target tensors read: {', '.join(cost['target_tensors_read']) or 'none'}")
     return "\n".join(lines)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from eyas.dtypes import to_dtype
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.evaluate import evaluate, plot_report
 
     if args.data and args.prompts:
         raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
-    rep = evaluate(drafter_of(args), data=args.data, prompts=args.prompts, target=target_of(args, weights=True),
-                   limit=args.limit, max_new_tokens=args.max_new_tokens, depth=args.depth,
-                   tree_top_k=args.tree_top_k, tree_depth=args.tree_depth, layer_convention=args.layer_convention,
-                   dtype=to_dtype(args.dtype), progress=args.progress)
+    rep = evaluate(drafter_of(args), data=args.data, data_format=args.data_format, prompts=args.prompts,
+                   target=target_of(args, weights=True), limit=args.limit,
+                   max_new_tokens=args.max_new_tokens, depth=args.depth, tree_top_k=args.tree_top_k,
+                   tree_depth=args.tree_depth, layer_convention=args.layer_convention, dtype=args.dtype,
+                   device=args.device, progress=args.progress)
     if args.plot:
         plot_report(rep, args.plot)
     print(json.dumps(rep, indent=2) if args.json else format_eval(rep))
@@ -101,6 +113,7 @@ def format_train(summary: dict[str, Any]) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    preflight.check(args)  # flags and input files, before anything loads
     from eyas.train import config_from_args, train
 
     target = target_of(args, weights=True)

@@ -17,7 +17,9 @@ TrainConfig's fields with their docs (eyas.train), which become `eyas train`'s f
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,8 +34,11 @@ from eyas.formats import FORMATS, LAYER_CONVENTIONS
 from eyas.train import add_arguments as add_train_arguments
 
 WRITE_FORMATS = (*FORMATS, "both")
+# what --data-format names (eyas.data.caches reads them; listed here so building the parser loads no reader)
+CACHE_FORMATS = ("eyas", "eyas-dump", "specforge", "speculators", "speculators-legacy", "modelopt")
 # capture, eval, generate and bench run in bf16 or fp32; every spelling of those two is accepted
 RUN_DTYPE_CHOICES = choices((torch.bfloat16, torch.float32))
+AUTO_DTYPE = "auto"  # generate and bench: eyas.dtype_choice.AUTO (not imported: it loads the target's code)
 DEFAULT_TARGET = "the embedded SmolLM2-135M-Instruct"
 
 # --- shared flags -------------------------------------------------------------------------------
@@ -44,7 +49,7 @@ def add_drafter(p: argparse.ArgumentParser, what: str = "the draft folder, any f
                    help=f"{what} (default: the draft eyas ships for the target)")
 
 
-def add_target(p: argparse.ArgumentParser, *, use: str | None = None) -> None:
+def add_target(p: argparse.ArgumentParser, *, use: str | None = None) -> argparse.Action:
     """`--target`; `use` says what a verb that only reads the target's config does with it (such a
     verb reads the draft alone without one), None for the verbs that run the target."""
     if use is None:
@@ -52,7 +57,7 @@ def add_target(p: argparse.ArgumentParser, *, use: str | None = None) -> None:
                  "never downloaded")
     else:
         help_ = f"the target's folder or a config .json: {use} (default: none; 'default' = {DEFAULT_TARGET})"
-    p.add_argument("--target", metavar="DIR_OR_CONFIG", help=help_)
+    return p.add_argument("--target", metavar="DIR_OR_CONFIG", help=help_)
 
 
 def add_layer_convention(p: argparse.ArgumentParser) -> None:
@@ -80,14 +85,30 @@ def add_reading(p: argparse.ArgumentParser, *, progress: bool, what: str = "the 
         add_progress(p)
 
 
-def add_dtype(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--dtype", choices=RUN_DTYPE_CHOICES, default="bf16", help=f"{what} (default: bf16)")
+def add_dtype(p: argparse.ArgumentParser, what: str, *, auto: str | None = None) -> None:
+    """`--dtype`; `auto` (generate, bench, eval) says what "auto", then the default, picks."""
+    if auto:
+        p.add_argument("--dtype", choices=(AUTO_DTYPE, *RUN_DTYPE_CHOICES), default=AUTO_DTYPE,
+                       help=f"{what}: auto = {auto} (default: auto)")
+    else:
+        p.add_argument("--dtype", choices=RUN_DTYPE_CHOICES, default="bf16", help=f"{what} (default: bf16)")
 
 
-def add_format(p: argparse.ArgumentParser, **kw) -> None:
-    p.add_argument("--format", choices=WRITE_FORMATS, **kw,
+def add_device(p: argparse.ArgumentParser, what: str = "the target and the draft run on") -> None:
+    p.add_argument("--device", metavar="DEV",
+                   help=f"torch device {what}: cpu, cuda or cuda:N; cuda spreads a target too large for one "
+                   "GPU over all of them (default: cpu)")
+
+
+def add_format(p: argparse.ArgumentParser | argparse._ActionsContainer, **kw) -> argparse.Action:
+    return p.add_argument("--format", choices=WRITE_FORMATS, **kw,
                    help="format to write; both = config.json (speculators) + config_eagle.json (eagle)"
                    + (f" (default: {kw['default']})" if "default" in kw else ""))
+
+
+def add_data_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-format", choices=CACHE_FORMATS,
+                   help="the feature cache's format (default: detected from its files)")
 
 
 def add_capture_layers(p: argparse.ArgumentParser) -> None:
@@ -105,7 +126,37 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-tokens", type=int, metavar="K", help="a chain of K draft tokens per step")
     p.add_argument("--tree", metavar="D,K,N", help="a dynamic tree: depth, top-k per level, draft-node budget")
     add_max_new_tokens(p, 256, "answer tokens per prompt")
-    add_dtype(p, "weights and compute of target and draft")
+    add_dtype(p, "weights and compute of target and draft",
+              auto="the dtype this target decodes fastest in on this machine, measured once and cached")
+    add_device(p)
+
+
+# --- renamed flags -------------------------------------------------------------------------------
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old flag name: stores into the new flag's destination and says once, on stderr, what to use."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(p: argparse._ActionsContainer, old: str, new: argparse.Action) -> None:
+    """Keep `old` working as another name of the flag `new` (same destination, type and choices) for a
+    release: a script written against the last release runs, with one stderr line naming the new flag.
+    The alias is hidden from --help; the README's command list names it as deprecated.
+
+    A required flag gets its alias through a required mutually exclusive group holding both (argparse then
+    accepts either and refuses both), e.g. `g = p.add_mutually_exclusive_group(required=True)`.
+    """
+    p.add_argument(old, action=_DeprecatedAlias, new=new.option_strings[0], dest=new.dest, type=new.type,
+                   choices=new.choices, metavar=new.metavar, help=argparse.SUPPRESS)
 
 
 # --- the verbs ----------------------------------------------------------------------------------
@@ -115,7 +166,8 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("inspect", cmd_inspect, "config files and formats, the contract, tensors, what each engine will do, "
                 "warnings")
     add_drafter(p, "a draft folder, or a single draft config .json (tensor checks skipped)")
-    add_target(p, use="its depth resolves the default capture layers, its facts fill the verifier")
+    target = add_target(p, use="its depth resolves the default capture layers, its facts fill the verifier")
+    add_deprecated_alias(p, "--verifier-config", target)
     add_reading(p, progress=False)
 
     p = command("check", cmd_check, "every problem with a draft, offline; exit 0 clean, 1 problems, 2 unreadable")
@@ -126,8 +178,10 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("convert", cmd_convert, "rewrite a draft as speculators, eagle or both formats (lossless)")
     p.add_argument("src", help="the draft folder to read")
     p.add_argument("dst", help="the folder to write (must be empty or new, unless --force)")
-    add_format(p, required=True)
-    add_target(p, use="its name, architectures and depth are recorded as the verifier")
+    required = p.add_mutually_exclusive_group(required=True)  # --format, or its old name --to
+    add_deprecated_alias(required, "--to", add_format(required))
+    target = add_target(p, use="its name, architectures and depth are recorded as the verifier")
+    add_deprecated_alias(p, "--verifier-config", target)
     p.add_argument("--verifier-name", metavar="ID",
                    help="the target's hub id to record as the verifier (vLLM serves it)")
     p.add_argument("--force", action="store_true", help="replace a non-empty DST")
@@ -146,8 +200,9 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
 def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("capture", cmd_capture, "answer prompts with the target and store its features as shards")
     p.add_argument("--prompts", default="sharegpt",
-                   help="a prompt file (.json/.jsonl ShareGPT or {prompt}, or text lines), or sharegpt / mtbench "
-                   "(default: sharegpt)")
+                   help="a prompt file (.json/.jsonl ShareGPT or {prompt}, or text lines), or sharegpt / mtbench, or "
+                   "sharegpt-clean (first turns without evaluation-set copies) / sharegpt-turns (later turns, in "
+                   "their conversation) (default: sharegpt)")
     p.add_argument("--out", required=True, help="the shard folder (resumable: finished shards are kept)")
     add_target(p)
     add_capture_layers(p)
@@ -157,7 +212,7 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_max_new_tokens(p, 256, "answer tokens per prompt")
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="prompts answered together (default: 8)")
     add_dtype(p, "weights and stored features")
-    p.add_argument("--device", metavar="DEV", help="torch device the target runs on, e.g. cuda (default: cpu)")
+    add_device(p, "the target runs on")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling when --temperature > 0 (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
@@ -169,15 +224,19 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
 
     p = command("eval", cmd_eval, "measure a draft standalone: per-depth acceptance, chain and tree tau, coverage")
     add_drafter(p)
-    p.add_argument("--data", metavar="SHARDS", help="a capture folder (eyas capture)")
+    p.add_argument("--data", metavar="CACHE",
+                   help="stored features: an eyas capture folder, a SpecForge or speculators cache (detected)")
+    add_data_format(p)
     p.add_argument("--prompts", help="a prompt file, or mtbench (default when --data is not given)")
     add_target(p)
+    add_device(p)
     p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts or samples")
     add_max_new_tokens(p, 256, "answer tokens per prompt")
     p.add_argument("--depth", type=int, default=8, help="draft depths to measure, tau for k = 1..depth (default: 8)")
     p.add_argument("--tree-top-k", type=int, default=4, metavar="K", help="tree branching per level (default: 4)")
     p.add_argument("--tree-depth", type=int, default=5, metavar="D", help="tree depth (default: 5)")
-    add_dtype(p, "weights and compute of target and draft")
+    add_dtype(p, "weights and compute of target and draft",
+              auto="bf16 on a GPU or a CPU with bf16 dot products (avx512_bf16, AMX), fp32 elsewhere")
     p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")
     add_reading(p, progress=True)
 
@@ -214,8 +273,11 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_drafter(p)
     add_target(p)
     p.add_argument("--prompts", help="prompts to answer and measure on (default: MT-bench)")
-    p.add_argument("--features", metavar="DUMP",
-                   help="an engine dump (safetensors: input_ids [T], features [T, W])")
+    p.add_argument("--features", metavar="DUMP_OR_CACHE",
+                   help="an engine dump (safetensors: input_ids [T], features [T, W]) or a trainer's feature cache "
+                   "(a folder: eyas, SpecForge, speculators), matched against the target's own states")
+    add_data_format(p)
+    add_device(p)
     p.add_argument("--limit", type=int, metavar="N", help="prompts measured (default: eyas.doctor.DEFAULT_LIMIT)")
     add_max_new_tokens(p, None, "answer tokens per prompt (default: eyas.doctor.DEFAULT_MAX_NEW_TOKENS)")
     add_reading(p, progress=True)
@@ -232,6 +294,7 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_max_new_tokens(p, 64, "answer tokens per prompt")
     p.add_argument("--dump", metavar="PATH",
                    help="write what the engine fed the draft (eyas dump format, for `eyas doctor --features`)")
+    add_device(p, "eyas's replay of the served tokens runs on (vLLM itself runs on the CPU)")
     add_json(p)
     add_progress(p)
 

@@ -12,9 +12,15 @@ The pipeline (`eyas capture`, then `eyas train` / `eyas eval --data`):
 Submodules:
     prompts    prompt readers: prompt files, the packaged sets, the streaming (truncation-tolerant)
                JSON array reader
+    sources    more prompt sources (`sharegpt-clean`, `sharegpt-turns`: later turns in context),
+               deduplicated against every evaluation set; registered with read_prompts on import
+    self_written  prompts the target writes itself (a JSONL file; `python -m eyas.data.self_written`)
     capturing  `capture`: regenerate the answers, one forward, store the features
     shards     the on-disk format: manifest, shards written atomically, `open_shards` /
                `CapturedData` reading them back checked
+    textfile   untrusted text (prompt files): UTF-8 / UTF-16 decoded, binary and endless lines refused
+    values     numbers checked where they enter: NaN/Inf, ids outside the vocabulary, lengths
+               (`check_tensors`: shards, engine dumps, foreign caches)
 """
 
 from eyas.data.capturing import capture, encode_prompts, eos_ids, pad_id
@@ -27,6 +33,7 @@ from eyas.data.prompts import (
     read_prompts,
 )
 from eyas.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, CapturedData, open_shards
+from eyas.data.sources import EvalIndex, eval_index  # importing it registers its prompt sources
 
 __all__ = [
     "DEFAULT_EVAL_PROMPTS",
@@ -35,10 +42,12 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "CapturedData",
+    "EvalIndex",
     "Prompt",
     "capture",
     "encode_prompts",
     "eos_ids",
+    "eval_index",
     "json_records",
     "open_shards",
     "packaged_file",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from eyas.data.shards import (
 )
 from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, EyasError, FormatError
+from eyas.interrupt import on_signals
 
 if TYPE_CHECKING:
     from eyas.target import Target
@@ -56,8 +58,13 @@ def capture(
     skip_long: bool = False,
     progress: bool = True,
     device: str | torch.device | None = None,
+    resumable: bool = False,
 ) -> dict[str, Any]:
     """Regenerate responses with `target` and store its features; returns the manifest.
+
+    `resumable` (`eyas capture`; not the temporary captures of eval and doctor): SIGINT / SIGTERM
+    stop it with `eyas.interrupt.Interrupted`, whose message says which shards are kept and how to
+    resume.
 
     Each prompt goes through the target's chat template; the target answers it (greedy unless
     `do_sample`; batches are left-padded so every answer starts in the same column), and one
@@ -108,17 +115,28 @@ def capture(
     done = sum(e["prompts"][1] - e["prompts"][0] for e in shards.values())
     bar = tqdm(total=len(prompts), initial=done, unit="prompt", desc="capture", file=sys.stderr, disable=not progress)
     sampling = plan["generation"]
-    for k in todo:
-        start, stop = k * shard_size, min((k + 1) * shard_size, len(prompts))
-        keep = [i for i in range(start, stop) if prompt_ids[i] is not None]
-        samples = _capture_samples(target, [prompt_ids[i] for i in keep], layers, dtype, batch_size,
-                                   sampling, seed_offset=k, on_batch=bar.update)
-        bar.update(stop - start - len(keep))
-        entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
-        shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
-        record_shards(out_dir, manifest, shards, complete=False)
-    bar.close()
-    return record_shards(out_dir, manifest, shards, complete=True)
+
+    def note() -> str:  # what an interrupted capture kept: eyas.interrupt
+        return _resume_note(out_dir, len(shards), -(-len(prompts) // shard_size))
+
+    with on_signals(note) if resumable else nullcontext():
+        for k in todo:  # Ctrl-C / SIGTERM: finished shards stay, the one being captured is redone on resume
+            start, stop = k * shard_size, min((k + 1) * shard_size, len(prompts))
+            keep = [i for i in range(start, stop) if prompt_ids[i] is not None]
+            samples = _capture_samples(target, [prompt_ids[i] for i in keep], layers, dtype, batch_size,
+                                       sampling, seed_offset=k, on_batch=bar.update)
+            bar.update(stop - start - len(keep))
+            entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
+            shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
+            record_shards(out_dir, manifest, shards, complete=False)
+        bar.close()
+        return record_shards(out_dir, manifest, shards, complete=True)
+
+
+def _resume_note(out_dir: Path, finished: int, total: int) -> str:
+    """What an interrupted capture kept, and how to resume it (eyas.interrupt)."""
+    return (f"{finished} of {total} shards in {out_dir} are finished and kept; rerun the same `eyas capture` "
+            "command to resume after them")
 
 
 def _feature_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -140,7 +158,7 @@ def encode_prompts(
             "capture needs a chat (instruct) model: responses are generated as the assistant turn",
         )
     texts = [
-        tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
+        tok.apply_chat_template(p.messages(), tokenize=False, add_generation_prompt=True)  # history, then the turn
         for p in prompts
     ]
     # The template already wrote any BOS it wants; add_special_tokens would add a second one.
@@ -179,7 +197,7 @@ def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch
         "shard_size": shard_size,
         "prompts": {
             "count": len(prompts),
-            "sha256": text_sha256("\0".join(p.text for p in prompts)),
+            "sha256": text_sha256("\0".join(p.key for p in prompts)),  # the text alone for a first turn
             "sources": sources,
             "eval_only": DEFAULT_EVAL_PROMPTS in sources,
         },

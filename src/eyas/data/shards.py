@@ -32,6 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eyas.atomic import temp_file, write_json
+from eyas.data.values import check_ids, check_tensors
 from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, FormatError
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 FORMAT = "eyas-capture"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+KEYS = ("index", "samples", "tokens", "loss_tokens")  # the integers of a manifest's shard entry
 _SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
 
@@ -158,6 +160,7 @@ class CapturedData:
             except Exception as e:  # changed on disk since open_shards checked it
                 _skip_warning(path, f"unreadable ({e})")
                 continue
+            check_shard_values(path, t, self.manifest)
             bounds = t["offsets"].tolist()
             for i in range(entry["samples"]):
                 a, b = bounds[i], bounds[i + 1]
@@ -203,16 +206,54 @@ def open_shards(
     if not manifest["complete"]:
         warnings.warn(f"{where}: the capture is incomplete ({len(manifest['shards'])} shards finished); "
                       "rerun the same capture to finish it", stacklevel=2)
+    usable, skipped = usable_shards(folder, manifest)
+    for path, problem in skipped:
+        _skip_warning(path, problem)
+    return CapturedData(folder, manifest, usable, skipped)
+
+
+def usable_shards(folder: Path, manifest: dict) -> tuple[list[dict], list[tuple[Path, str]]]:
+    """(entries of the usable shards, (path, problem) of the others); refused when shards were
+    recorded but none can be used: there is nothing to train or evaluate on, and the first
+    problem says why."""
+    if not manifest["shards"]:
+        raise FormatError(f"{folder / MANIFEST}: no shard is finished (the capture stopped before its first one)",
+                          "rerun the same `eyas capture` to finish it")
     usable, skipped = [], []
     for entry in manifest["shards"]:
         path = folder / entry["file"]
         problem = shard_problem(path, manifest, entry)
         if problem:
-            _skip_warning(path, problem)
             skipped.append((path, problem))
         else:
             usable.append(entry)
-    return CapturedData(folder, manifest, usable, skipped)
+    if skipped and not usable:
+        path, problem = skipped[0]
+        others = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise FormatError(f"{path}: {problem}; no shard listed in {folder / MANIFEST} can be used{others}",
+                          "rerun the same `eyas capture` to redo the broken shards, or capture again")
+    return usable, skipped
+
+
+def check_capture(folder: str | Path) -> dict:
+    """A capture folder checked as `open_shards` would (manifest, shard headers), without warnings
+    and without reading features: what `eyas train` / `eval --data` verify before anything heavy."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    usable_shards(folder, manifest)
+    return manifest
+
+
+def check_shard_values(path: Path, t: dict[str, torch.Tensor], manifest: dict) -> None:
+    """A shard's numbers as they are loaded: features finite, token ids inside the target's vocab,
+    one row per token in every per-token tensor, prompt indices inside the prompt list."""
+    check_tensors(path, t, floats=("features", "last_hidden"), ids=("input_ids",),
+                  vocab_size=manifest["target"]["vocab_size"],
+                  same_length=("input_ids", "loss_mask", "features", "last_hidden"),
+                  hint=f"delete {path.name} and rerun the same `eyas capture` to redo it (in bf16 or fp32 if "
+                  "the target overflowed)")
+    check_ids(t["prompt_index"], manifest["prompts"]["count"], file=path, key="prompt_index", what="the prompt list",
+              hint=f"delete {path.name} and rerun the same `eyas capture` to redo it")
 
 
 def _skip_warning(path: Path, problem: str) -> None:
@@ -235,7 +276,44 @@ def read_manifest(folder: Path) -> dict:
             f"{path}: format_version {manifest.get('format_version')}, this eyas reads {FORMAT_VERSION}",
             "capture the data again with this eyas version",
         )
+    problem = manifest_problem(manifest)
+    if problem:
+        raise FormatError(f"{path}: {problem}", "the manifest was edited or damaged: capture the data again")
     return manifest
+
+
+def _ints(value: Any, n: int | None = None, low: int = 0) -> bool:
+    """A list of `n` (any number when None) integers, each >= low."""
+    return isinstance(value, list) and (n is None or len(value) == n) \
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value)
+
+
+def manifest_problem(m: dict) -> str | None:
+    """What in a manifest eyas cannot use (a missing key, a wrong type, a shard file outside the
+    folder), or None: each key is checked once here instead of failing where it is used."""
+    target, prompts, shards = m.get("target"), m.get("prompts"), m.get("shards")
+    if not isinstance(target, dict) or not isinstance(target.get("name"), str) \
+            or not _ints([target.get(k) for k in ("num_layers", "hidden_size", "vocab_size")], 3, low=1):
+        return "field 'target' needs name, and num_layers, hidden_size, vocab_size >= 1"
+    if not _ints(m.get("capture_layers")) or not m["capture_layers"]:
+        return f"field 'capture_layers' is {m.get('capture_layers')!r}, expected a list of layer indices"
+    if m.get("dtype") not in [str(d).removeprefix("torch.") for d in _SAFETENSORS_DTYPE]:
+        return f"field 'dtype' is {m.get('dtype')!r}, expected bfloat16, float16 or float32"
+    if not isinstance(prompts, dict) or not _ints([prompts.get("count")]) \
+            or not isinstance(prompts.get("eval_only"), bool) or not isinstance(prompts.get("sources"), list):
+        return "field 'prompts' needs count, sources and eval_only"
+    if not isinstance(m.get("fingerprint"), str) or not isinstance(m.get("complete"), bool):
+        return "fields 'fingerprint' (text) and 'complete' (true/false) are needed"
+    if not isinstance(shards, list):
+        return f"field 'shards' is {type(shards).__name__}, expected a list"
+    for i, e in enumerate(shards):
+        if not isinstance(e, dict) or not isinstance(e.get("file"), str) or Path(e["file"]).name != e["file"] \
+                or not e["file"].endswith(".safetensors") or not _ints([e.get(k) for k in KEYS], len(KEYS)) \
+                or not _ints(e.get("prompts"), 2):
+            return f"shards[{i}] is not an entry eyas wrote ({{{', '.join(('file', 'prompts', *KEYS))}}})"
+    if not isinstance(m.get("skipped_prompts"), list):
+        return "field 'skipped_prompts' is not a list"
+    return None
 
 
 def shard_problem(path: Path, manifest: dict, entry: dict | None = None) -> str | None:
@@ -252,10 +330,15 @@ def shard_problem(path: Path, manifest: dict, entry: dict | None = None) -> str 
         return f"unreadable ({e})"
     if meta.get("fingerprint") != manifest["fingerprint"]:
         return "written by a different capture (fingerprint differs)"
-    on_disk = json.loads(meta.get("entry", "{}"))
+    try:
+        on_disk = json.loads(meta.get("entry", "{}"))
+    except (ValueError, RecursionError):
+        on_disk = None
+    if not isinstance(on_disk, dict) or not _ints([on_disk.get("samples"), on_disk.get("tokens")], 2):
+        return "its metadata has no readable manifest entry"
     if entry is not None and on_disk != entry:
         return f"does not match its manifest entry ({on_disk} on disk, {entry} in the manifest)"
-    n, N = on_disk.get("samples", -1), on_disk.get("tokens", -1)
+    n, N = on_disk["samples"], on_disk["tokens"]
     H = manifest["target"]["hidden_size"]
     want = {"input_ids": ([N], "I64"), "loss_mask": ([N], "BOOL"), "offsets": ([n + 1], "I64"),
             "prompt_index": ([n], "I64")}

@@ -74,8 +74,9 @@ def capture_tokens(tgt: Target, input_ids: Tensor, source: str) -> Capture:
     """Every state of the target on one given token sequence (an engine dump's); all positions measured."""
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = tgt.forward(input_ids[None], range(tgt.num_layers + 1), with_logits=False)
+        out = tgt.forward(input_ids[None].to(tgt.model.device), range(tgt.num_layers + 1), with_logits=False)
     T = input_ids.shape[0]
-    sample = {"input_ids": input_ids, "loss_mask": torch.ones(T, dtype=torch.bool), "last_hidden": out.last_hidden[0],
-              "states": out.features[0].view(T, tgt.num_layers + 1, tgt.hidden_size)}
+    sample = {"input_ids": input_ids, "loss_mask": torch.ones(T, dtype=torch.bool),
+              "last_hidden": out.last_hidden[0].cpu(),  # measured on the CPU, wherever the target ran
+              "states": out.features[0].view(T, tgt.num_layers + 1, tgt.hidden_size).cpu()}
     return Capture(tgt, [sample], source, time.perf_counter() - t0)

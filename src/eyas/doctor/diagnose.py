@@ -18,6 +18,7 @@ from torch import Tensor
 from eyas.check import CheckReport, check_checkpoint, consumers
 from eyas.codes import slug_of, text_of
 from eyas.contract import DEFAULT_ROPE_THETA
+from eyas.doctor.caches import cache_dump, cache_notes, cache_section, has_model, measure_on_cache
 from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, capture_tokens, collect
 from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
 from eyas.doctor.dumps import check_dump, dump_section, read_dump
@@ -28,7 +29,8 @@ from eyas.doctor.static import fc_skipped, hazards, join_problems, other_problem
 from eyas.doctor.stats import ACCEPTANCE_ALPHA, ALPHA, DEPTH, MIN_DROP_KL, MIN_GAIN_LOGPROB, POWER, detectable, rounded
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
-from eyas.target import Target, resolve_target, target_config
+from eyas.target import Target
+from eyas.target_ref import TargetRef
 
 _TEST = (f"paired per position against the current wiring: Wilcoxon signed-rank tests on the gain in the draft's "
          f"log-probability of the target's token and on the drop in KL(target || draft) over the draft vocabulary "
@@ -77,16 +79,31 @@ def _measure(m: Measurer, rep: CheckReport, cons: dict[str, dict[str, Any]], pat
     return file_findings + found + serve_findings, final, section
 
 
-def _states(capture: Capture | None, tgt_dir: Path, prompts: str | Path | None, features: str | Path | None,
-            limit: int, max_new_tokens: int, progress: bool) -> tuple[Capture, tuple[Tensor, Tensor] | None]:
-    """The target's states to measure on: the dump's tokens when there is a dump, else `capture`, else
-    greedy answers to the prompts. Returns them and the dump (or None)."""
-    tgt = capture.target if capture is not None else Target.load(tgt_dir, dtype=torch.float32)
-    if features is None:
-        return capture or collect(tgt, prompts, limit=limit, max_new_tokens=max_new_tokens, progress=progress), None
-    dump = read_dump(features)
+def _states(capture: Capture | None, ref: TargetRef, prompts: str | Path | None, features: str | Path | None,
+            dump: tuple[Tensor, Tensor] | None, limit: int, max_new_tokens: int, progress: bool) -> Capture:
+    """The target's states to measure on: the dump's tokens when there is a dump (an engine's, or a
+    cache's first sample), else `capture`, else greedy answers to the prompts."""
+    tgt = capture.target if capture is not None else Target.load(ref, dtype=torch.float32)
+    if dump is None:
+        return capture or collect(tgt, prompts, limit=limit, max_new_tokens=max_new_tokens, progress=progress)
     check_dump(dump, tgt, features)
-    return capture_tokens(tgt, dump[0], f"the {dump[0].shape[0]} tokens of engine dump {features}"), dump
+    what = "engine dump" if Path(features).is_file() else "the first sample of feature cache"
+    return capture_tokens(tgt, dump[0], f"the {dump[0].shape[0]} tokens of {what} {features}")
+
+
+def _features(features: str | Path | None, data_format: str | None, ref: TargetRef, report: dict[str, Any],
+              layers: tuple[int, ...], draft: Path) -> tuple[tuple[Tensor, Tensor] | None, bool]:
+    """`--features` read: an engine dump (a file) or a trainer's cache (a folder, described in the
+    report). Returns the dump to match (None without features) and whether the target is at hand."""
+    at_hand = has_model(ref)
+    if features is None:
+        return None, at_hand
+    if not Path(features).is_dir():
+        return read_dump(features), at_hand
+    info, dump = cache_dump(features, data_format, ref)
+    report["cache"] = cache_section(info)
+    report["notes"] += cache_notes(info, at_hand, layers, draft)
+    return dump, at_hand
 
 
 def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:
@@ -124,7 +141,7 @@ def _skeleton(path: Path, tgt_dir: Path, rep: CheckReport, cons: dict[str, dict[
         "static": {"problems": other_problems(rep), "warnings": rep.warnings},
         "hazards": [], "consumers": {n: {"reads": r["reads"], "loads": r["loads"], "notes": r["notes"]}
                                      for n, r in cons.items()},
-        "measured": None, "dump": None, "notes": notes, "seconds": {},
+        "measured": None, "dump": None, "cache": None, "cache_measured": None, "notes": notes, "seconds": {},
     }
 
 
@@ -140,17 +157,22 @@ def diagnose(
     target: str | Path | None = None,
     prompts: str | Path | None = None,
     features: str | Path | None = None,
+    data_format: str | None = None,
     layer_convention: str | None = None,
     limit: int = DEFAULT_LIMIT,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     progress: bool = True,
     capture: Capture | None = None,
+    device: str | torch.device | None = None,
 ) -> dict[str, Any]:
     """Diagnose the draft checkpoint at `drafter` (a folder) against `target` (None: the embedded default).
 
     Static findings always; measured findings on the target's greedy answers to `limit` prompts
-    (default MT-bench), or on the tokens of an engine dump (`features`, docs/engine-dumps.md), which is
-    then also matched against the target's states. `capture` (from `collect`) reuses recorded states
+    (default MT-bench), or on the tokens of an engine dump (`features`, docs/engine-dumps.md) or of a
+    trainer's feature cache (`features` a folder, `data_format` or detected: eyas.doctor.caches),
+    which is then also matched against the target's states. Without the target's full weights (a
+    cache judged by the target's final norm and lm_head alone) the draft is measured on the cache as
+    stored (`cache_measured`). The target runs on `device` (default cpu). `capture` (from `collect`) reuses recorded states
     across calls (its target is used; `target` and `prompts` are then ignored). Returns the JSON
     report: `verdict` ("ok" | "faulty"), `findings` (most likely first: {fault, title, evidence, fix,
     codes, acceptance_before, acceptance_after, tau_before, tau_after, source, ...}), `trained_for`,
@@ -158,18 +180,23 @@ def diagnose(
     """
     t0 = time.perf_counter()
     path = Path(drafter)
-    tgt_dir = capture.target.path if capture is not None else resolve_target(target)
+    ref = TargetRef.resolve(capture.target.path if capture is not None else target, weights=False, device=device)
+    tgt_dir = ref.path
     rep = check_checkpoint(path, target=tgt_dir, layer_convention=layer_convention)
-    ckpt, tcfg = rep.checkpoint, target_config(tgt_dir)
+    ckpt, tcfg = rep.checkpoint, ref.text_config
     cons = consumers(ckpt)
     report = _skeleton(path, tgt_dir, rep, cons)
-    final = contract_wiring(ckpt.contract, ckpt.tensors, tcfg["num_hidden_layers"])
+    final = contract_wiring(ckpt.contract, ckpt.tensors, ref.num_layers)
     findings: list[dict[str, Any]] = []
-    why_not = _cannot_measure(rep, ckpt, tcfg)
+    dump, at_hand = _features(features, data_format, ref, report, final.layers, path)
+    why_not = _cannot_measure(rep, ckpt, tcfg) or (None if at_hand or capture is not None else
+                                                   f"the target's weights are not all in {ref.folder}")
     if why_not:
         report["notes"].append(f"not measured: {why_not}")
+        if "cache" in report and ckpt.tensors_loaded and not _cannot_measure(rep, ckpt, tcfg):
+            report["cache_measured"] = measure_on_cache(path, features, data_format, ref, layer_convention, limit)
     else:
-        cap, dump = _states(capture, tgt_dir, prompts, features, limit, max_new_tokens, progress)
+        cap = _states(capture, ref, prompts, features, dump, limit, max_new_tokens, progress)
         t1 = time.perf_counter()
         m = Measurer(ckpt, cap)
         findings, final, report["measured"] = _measure(m, rep, cons, path, layer_convention, tcfg, progress)

@@ -49,6 +49,15 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _on_cache(cache: dict[str, Any], m: dict[str, Any]) -> list[str]:
+    """The draft measured on a feature cache as stored (no target states to try other wirings on)."""
+    acc = " / ".join(_num(a) for a in m["acceptance_by_depth"])
+    return ["", f"measured on the {cache['format']} cache as stored ({m['positions']} positions of {m['samples']} "
+            f"samples; {m['verdict_text']}):",
+            f"  acceptance by depth {acc}; chain tau(5) {_num(m['tau_chain'].get('5'), '.2f')}; draft-vocab coverage "
+            f"{_num(m['coverage'])}"]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The report for humans: verdict, findings (most likely first) with numbers and the fix, then
     what the weights fit, the engine dump, consumer hazards, other problems, notes, and the table."""
@@ -66,6 +75,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines += _measured(report)
     if report["dump"]:
         lines += _dump(report["dump"])
+    if report.get("cache_measured"):
+        lines += _on_cache(report["cache"], report["cache_measured"])
     if report["hazards"]:
         lines += ["", "consumer hazards (an engine wires the checkpoint differently from its contract):"]
         lines += [f"  - {h['consumer']}: {h['hazard']}\n      fix: {h['fix']}" for h in report["hazards"]]

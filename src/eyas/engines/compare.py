@@ -115,7 +115,8 @@ def dump_check(dump_ids: Tensor, dump_feats: Tensor, target, layers: list[int]) 
     if dump_feats.shape[1] != len(layers) * H:
         return {"matches": False, "text": f"{dump_feats.shape[1]} wide, the contract reads {len(layers)} x {H}",
                 "chunks": [], "positions": T}
-    mine = target.forward(dump_ids[None], layers, with_logits=False).features[0].float()  # [T, A*H]
+    mine = target.forward(dump_ids[None].to(target.model.device), layers,
+                          with_logits=False).features[0].float().cpu()  # [T, A*H]
     chunks = []
     for i, k in enumerate(layers):
         a, b = dump_feats[:, i * H:(i + 1) * H], mine[:, i * H:(i + 1) * H]

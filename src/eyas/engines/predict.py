@@ -38,7 +38,7 @@ class Prediction:
 
 def _extend(target, seq: list[int], n: int) -> list[int]:
     """`seq` plus the target's next `n` greedy tokens (past the engine's output: see the module doc)."""
-    ids = torch.tensor([seq])
+    ids = torch.tensor([seq], device=target.model.device)
     out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                                 min_new_tokens=n, do_sample=False, pad_token_id=0)
     return out[0].tolist()
@@ -63,8 +63,9 @@ def _walk(chain: Tensor, truth: Tensor, start: int, new_tokens: int, k: int, cou
 def predict(drafter, target, layers: list[int], prompts: list[list[int]], outputs: list[list[int]], k: int
             ) -> Prediction:
     """eyas's acceptance for `drafter` (a Drafter) fed the target's states at `layers`, on the engine's
-    `outputs` to `prompts` (token ids)."""
-    lm_head = target.model.get_output_embeddings().weight.float()  # [V, H]
+    `outputs` to `prompts` (token ids). The target runs where it was loaded; the draft and the
+    comparison run on the CPU."""
+    lm_head = target.model.get_output_embeddings().weight.float().cpu()  # [V, H]
     pred = Prediction(accepted_by_position=[0] * k)
     for prompt, out in zip(prompts, outputs):
         if not out:
@@ -74,9 +75,9 @@ def predict(drafter, target, layers: list[int], prompts: list[list[int]], output
         seq = _extend(target, prompt + out, k + 1)
         ids = torch.tensor(seq)
         T = len(seq)
-        cap = target.forward(ids[None], layers, with_logits=False)
+        cap = target.forward(ids[None].to(target.model.device), layers, with_logits=False)
         sample = {"input_ids": ids, "loss_mask": torch.ones(T, dtype=torch.bool),
-                  "features": cap.features[0].float(), "last_hidden": cap.last_hidden[0].float()}
+                  "features": cap.features[0].float().cpu(), "last_hidden": cap.last_hidden[0].float().cpu()}
         engine_next = torch.cat([ids[1:], ids[-1:]])  # y_s = the token the engine put after x_s
         p = sample_predictions(drafter, sample, lm_head, k, 1, greedy=engine_next)  # rows = chain starts 0..T-3
         pred.chains.append(p["pred"])

@@ -29,7 +29,7 @@ from eyas.engines.launch import engine_python, run_vllm
 from eyas.engines.predict import compare_drafts, predict
 from eyas.contract import default_capture_layers
 from eyas.errors import EyasError
-from eyas.target import Target, resolve_target
+from eyas.target import Target
 
 ENGINES = ("vllm",)
 MAX_MODEL_LEN = 1024
@@ -169,11 +169,13 @@ def serve_check(
     draft_tokens: int = 5,
     max_new_tokens: int = 64,
     dump: str | Path | None = None,
+    device: str | torch.device | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Serve `drafter` (None: the draft eyas ships for the target) in `engine` on `limit` prompts and
     compare its acceptance and wiring with eyas's prediction; `dump` also keeps what the engine fed
-    the draft on the first prompt (eyas dump format, for `eyas doctor --features`).
+    the draft on the first prompt (eyas dump format, for `eyas doctor --features`). eyas's replay of
+    the served sequences runs the target on `device` (vLLM itself serves on the CPU).
 
     EyasError when the engine is not installed (before anything is loaded) or cannot run at all; a
     draft the engine refuses gives `loaded: false` with the engine's message.
@@ -186,7 +188,7 @@ def serve_check(
     t0 = time.perf_counter()
     engine_python("vllm")  # not installed: say so before loading anything
     draft_dir = resolve_drafter(drafter, target).resolve()
-    tgt = Target.load(resolve_target(target), dtype=torch.float32)
+    tgt = Target.load(target, dtype=torch.float32, device=device)
     ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
     if not ids:
         raise EyasError(f"no prompt of {prompts} fits {MAX_MODEL_LEN} tokens with {max_new_tokens} new ones",
@@ -215,7 +217,7 @@ def serve_check_many(drafts: dict[str, Path], *, target: str | Path | None = Non
     interpreter and vLLM import once. Reports by name; dumps are always taken, the doctor runs only
     for the names in `doctor` (it costs a diagnosis per draft whose dump does not match)."""
     engine_python("vllm")
-    tgt = Target.load(resolve_target(target), dtype=torch.float32)
+    tgt = Target.load(target, dtype=torch.float32)
     ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
     with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
         runs = [{"name": name, "speculative_config": vllm_spec(Path(d).resolve(), draft_tokens),

@@ -28,6 +28,7 @@ _DIMS = (
     "hidden_act",
     "attention_bias",
     "target_hidden_size",
+    "unsupported",
 )
 # contract field (as the parsers name it) -> the code of a disagreement on it
 DISAGREEMENT_CODES: dict[str, str] = {

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from eyas.codes import finding
-from eyas.contract import IDS, LAYER_TYPES, default_capture_layers
+from eyas.contract import IDS, default_capture_layers
 from eyas.errors import FormatError
+from eyas.formats.layer import DraftLayer, draft_layer
 from eyas.formats.schema import NORM_FLAGS
 from eyas.formats.values import (
     flag,
@@ -75,6 +76,7 @@ class Parsed:
     origin: dict[str, str] = field(default_factory=dict)
     assumed: set[str] = field(default_factory=set)  # fields the file does not state
     warnings: list[dict[str, str]] = field(default_factory=list)  # findings, severity "warning"
+    unrunnable: list[str] = field(default_factory=list)  # parts eyas has no code for (contract `unsupported`)
 
     def read(self, src: dict, key: str, check: Check, *, where: str = "", default: Any = _REQUIRED) -> Any:
         """src[key] passed through `check` (eyas.formats.values), stored as contract field `key` with its origin."""
@@ -160,6 +162,9 @@ def _read_rope(p: Parsed, src: dict, where: str) -> None:
         p.set(
             "rope_scaling", None, f"none ({where}rope_scaling absent)", assumed="rope_scaling" not in src and not params
         )
+    used = p.fields["rope_scaling"] or {}
+    if used.get("rope_type", used.get("type")) == "mrope":  # 3-D positions: the drafter has 1-D rope only
+        p.unrunnable.append(f"multimodal rope (rope type 'mrope', mrope_section {show(used.get('mrope_section'))})")
 
 
 def _default_capture(p: Parsed, n_target: int | None, where: str) -> None:
@@ -201,25 +206,17 @@ def parse_speculators(cfg: dict, file: str, n_target: int | None) -> Parsed:
             "a speculators config nests the draft layer's HF config there",
         )
     where = "transformer_layer_config."
-    mt = tlc.get("model_type")
-    if mt is None:
-        p.set("layer_type", "llama", f"assumed llama ({where}model_type absent)", assumed=True)
+    layer = _read_layer(p, tlc, _read_architectures(p, cfg), where)
+    if layer.assumed:
         p.warn(
             "layer_type_absent",
             f"{where}model_type",
-            f"{file}: {where}model_type is absent; eyas (and vLLM) read a llama layer, but speculators itself "
-            "parses it as qwen3: write model_type",
+            f"{file}: {where}model_type is absent; eyas reads a llama layer, readers that default otherwise build "
+            "another (see consumers): write model_type",
             f'add "model_type": "llama" to {where[:-1]} (eyas convert DIR OUT --format speculators writes it)',
         )
-    elif mt in LAYER_TYPES:
-        p.set("layer_type", mt, f"{file}: {where}model_type")
-    else:
-        raise FormatError(
-            f"{file}: field '{where}model_type' is {mt!r}, expected one of {list(LAYER_TYPES)}",
-            "eyas reads drafts with one llama or qwen3 layer type",
-        )
     _read_dims(p, tlc, where)
-    _read_architectures(p, cfg)
+    _read_common(p, cfg, tlc, where)
     p.read(cfg, "draft_vocab_size", size, default=32000)  # speculators' own default
     p.read(cfg, "target_hidden_size", size, default=p.fields["hidden_size"])
     ids = _layer_ids(p, cfg, "")
@@ -233,12 +230,50 @@ def parse_speculators(cfg: dict, file: str, n_target: int | None) -> Parsed:
         p.warn(
             "norm_before_residual_absent",
             "norm_before_residual",
-            f"{file}: norm_before_residual is absent; speculators reads False but vLLM's speculators path uses "
-            "True: write it",
+            f"{file}: norm_before_residual is absent; eyas reads False, readers default differently (see "
+            "consumers): write it",
             "write norm_before_residual explicitly (eyas convert writes every norm flag)",
         )
     _speculators_verifier(p, cfg)
+    return _finish(p)
+
+
+def _finish(p: Parsed) -> Parsed:
+    """Record what eyas cannot run (contract `unsupported`), and say so once."""
+    parts = "; ".join(p.unrunnable) or None
+    p.set("unsupported", parts, f"{p.file}: the draft layer's fields" if parts else "every part runs in eyas")
+    if parts:
+        p.warn(
+            "draft_not_runnable",
+            "architectures",
+            f"{p.file}: eyas reads this draft but has no code for its {parts}: the verbs that run it (eval, "
+            "generate, bench, doctor, serve-check, train --init) and convert refuse it",
+            "run it in an engine that implements this layer (see consumers); inspect and check still read it",
+        )
     return p
+
+
+def _layer_source(cfg: dict) -> tuple[dict, str]:
+    """Where a flat config keeps its layer fields: the top level, or `text_config` (multimodal exports)."""
+    tc = cfg.get("text_config")
+    if cfg.get("hidden_size") is None and isinstance(tc, dict) and tc.get("hidden_size") is not None:
+        return tc, "text_config."
+    return cfg, ""
+
+
+# ModelOpt's eagle_config layout keys: EAGLE-3's own values, and the part a draft lacks or adds otherwise
+_MODELOPT_LAYOUT = {
+    "use_input_layernorm_in_first_layer": (True, "missing input_layernorm on the token embeddings"),
+    "use_last_layernorm": (True, "missing final norm before lm_head"),
+    "use_mtp_layernorm": (False, "MTP-style extra layernorms"),
+}
+
+
+def _read_modelopt_layout(p: Parsed, ec: dict) -> None:
+    """ModelOpt-style eagle_config layout flags: read as flags; a value other than EAGLE-3's names a part."""
+    for key, (eagle3, part) in _MODELOPT_LAYOUT.items():
+        if ec.get(key) is not None and flag(p.file, f"eagle_config.{key}", ec[key]) != eagle3:
+            p.unrunnable.append(f"{part} (eagle_config.{key} {str(ec[key]).lower()})")
 
 
 def _speculators_verifier(p: Parsed, cfg: dict) -> None:
@@ -252,10 +287,58 @@ def _speculators_verifier(p: Parsed, cfg: dict) -> None:
     _read_verifier(p, ver, "speculators_config.verifier.")
 
 
-def _read_architectures(p: Parsed, cfg: dict) -> None:
+def _read_architectures(p: Parsed, cfg: dict) -> tuple[str, ...]:
     """The config's own `architectures` (engines pick a draft class by it): a list of names, when present."""
-    if cfg.get("architectures") is not None:
-        texts(p.file, "architectures", cfg["architectures"])
+    if cfg.get("architectures") is None:
+        return ()
+    return texts(p.file, "architectures", cfg["architectures"])
+
+
+def _read_layer(p: Parsed, src: dict, archs: tuple[str, ...], where: str) -> DraftLayer:
+    """layer_type from architectures and the layer's fields (eyas.formats.layer); what eyas cannot run, named."""
+    if src.get("model_type") is not None:
+        text(p.file, f"{where}model_type", src["model_type"])
+    layer = draft_layer(src, archs, p.file, where)
+    p.set("layer_type", layer.layer_type, layer.origin, assumed=layer.assumed)
+    if layer.unknown_model_type is not None:
+        p.warn(
+            "layer_type_unknown",
+            f"{where}model_type",
+            f"{p.file}: {where}model_type {layer.unknown_model_type!r} is not a draft layer type eyas knows; "
+            f"read as a {layer.layer_type} layer ({layer.origin.split(': ', 1)[-1]})",
+            f"write model_type {layer.layer_type!r} if the draft is a {layer.layer_type} layer",
+        )
+    if layer.unsupported is not None:
+        p.unrunnable.append(layer.unsupported)
+    return layer
+
+
+def _read_common(p: Parsed, cfg: dict, layer_src: dict, where: str) -> None:
+    """Fields both formats may carry: the saved dtype and tie_word_embeddings (checked, not used to run)."""
+    named = {}
+    for src, at in ((cfg, ""), (layer_src, where)):
+        for key in ("dtype", "torch_dtype"):
+            if src.get(key) is not None:
+                named[f"{at}{key}"] = text(p.file, f"{at}{key}", src[key])
+    if len(set(named.values())) > 1:
+        p.warn(
+            "dtype_conflict",
+            "dtype",
+            f"{p.file}: {', '.join(f'{k} {v!r}' for k, v in named.items())} differ (transformers 5 writes dtype, "
+            "transformers 4 torch_dtype); the weights' own dtype is what eyas loads",
+            "make them agree, or keep one",
+        )
+    tied = [f"{at}tie_word_embeddings" for src, at in ((cfg, ""), (layer_src, where))
+            if src.get("tie_word_embeddings") is not None
+            and flag(p.file, f"{at}tie_word_embeddings", src["tie_word_embeddings"])]
+    if tied:
+        p.warn(
+            "tie_word_embeddings",
+            tied[0],
+            f"{p.file}: {tied[0]} is true: a reader that honours it uses the embedding table (vocab_size rows) as "
+            "lm_head instead of the draft's lm_head.weight (draft_vocab_size rows); eyas runs the draft's lm_head",
+            f"set {tied[0]} to false unless the draft was trained with lm_head tied to embed_tokens",
+        )
 
 
 def _read_verifier(p: Parsed, ver: dict, where: str) -> None:
@@ -270,20 +353,10 @@ def _read_verifier(p: Parsed, ver: dict, where: str) -> None:
 def parse_eagle(cfg: dict, file: str, n_target: int | None, layer_convention: str | None) -> Parsed:
     """A flat LlamaForCausalLMEagle3 config: flags at the top level or in `eagle_config` (never both, differing)."""
     p = Parsed(file)
-    mt = cfg.get("model_type", "llama")
-    if mt not in LAYER_TYPES:
-        raise FormatError(
-            f"{file}: field 'model_type' is {mt!r}, expected one of {list(LAYER_TYPES)}",
-            "eyas reads drafts with one llama or qwen3 layer type",
-        )
-    p.set(
-        "layer_type",
-        mt,
-        f"{file}: model_type" if "model_type" in cfg else "assumed llama (model_type absent)",
-        assumed="model_type" not in cfg,
-    )
-    _read_dims(p, cfg, "")
-    _read_architectures(p, cfg)
+    src, where = _layer_source(cfg)
+    _read_layer(p, src, _read_architectures(p, cfg), where)
+    _read_dims(p, src, where)
+    _read_common(p, cfg, src, where)
     p.read(cfg, "draft_vocab_size", size, default=p.fields["vocab_size"])
     p.read(cfg, "target_hidden_size", size, default=p.fields["hidden_size"])
     ec = cfg.get("eagle_config")
@@ -311,10 +384,11 @@ def parse_eagle(cfg: dict, file: str, n_target: int | None, layer_convention: st
         p.warn(
             "fc_skipped",
             "eagle_config.use_aux_hidden_state",
-            f"{file}: eagle_config.use_aux_hidden_state is false: vLLM then skips fc and feeds the target's last "
-            "hidden state, not an EAGLE-3 draft's input; set it to true",
+            f"{file}: eagle_config.use_aux_hidden_state is false: a reader that honours it skips fc and feeds the "
+            "target's last hidden state, not an EAGLE-3 draft's input (see consumers); set it to true",
             f"in {file} set eagle_config.use_aux_hidden_state = true",
         )
+    _read_modelopt_layout(p, ec)
     _eagle_capture(p, cfg, ec, n_target, layer_convention)
     ver = cfg.get("verifier")  # written by eyas; not part of the EAGLE schema
     if ver is None:
@@ -324,7 +398,7 @@ def parse_eagle(cfg: dict, file: str, n_target: int | None, layer_convention: st
         raise refuse(file, "verifier", ver, 'an object {"name_or_path": ..., "architectures": [...]}')
     else:
         _read_verifier(p, ver, "verifier.")
-    return p
+    return _finish(p)
 
 
 def _nested_reading(nested: list[int], conv: str | None) -> tuple[list[int], str]:
@@ -334,7 +408,7 @@ def _nested_reading(nested: list[int], conv: str | None) -> tuple[list[int], str
     if conv == "output":
         return [i + 1 for i in nested], "read as output-of-layer ids, +1 (--layer-convention output)"
     read = [i + 1 for i in nested] if nested[0] == 1 else nested
-    return read, "read as current SGLang does (+1 only when the first id is 1)"
+    return read, "read as capture indices, +1 only when the first id is 1"
 
 
 def _eagle_capture(p: Parsed, cfg: dict, ec: dict, n_target: int | None, conv: str | None) -> None:
@@ -342,13 +416,13 @@ def _eagle_capture(p: Parsed, cfg: dict, ec: dict, n_target: int | None, conv: s
     top, nested = _layer_ids(p, cfg, ""), _layer_ids(p, ec, "eagle_config.")
     read, how = _nested_reading(nested, conv) if nested is not None else (None, "")
     if top is not None:
-        p.set("capture_layers", top, f"{p.file}: {IDS} (top level, capture indices as vLLM reads them)")
+        p.set("capture_layers", top, f"{p.file}: {IDS} (top level, capture indices)")
         if nested is not None and read != top:
             p.warn(
                 "layer_ids_top_nested_differ",
                 f"eagle_config.{IDS}",
-                f"{p.file}: top-level {IDS} {top} (vLLM) and eagle_config.{IDS} {nested} ({how}: {read}; SGLang) "
-                "name different layers; eyas uses the top-level ones",
+                f"{p.file}: top-level {IDS} {top} and eagle_config.{IDS} {nested} ({how}: {read}) name different "
+                "layers; eyas uses the top-level ones, readers of the nested ids capture others (see consumers)",
                 "write the layers the draft was trained on in both places (eyas convert DIR OUT --format eagle)",
             )
     elif nested is not None:
@@ -357,9 +431,9 @@ def _eagle_capture(p: Parsed, cfg: dict, ec: dict, n_target: int | None, conv: s
             p.warn(
                 "layer_ids_convention_assumed",
                 f"eagle_config.{IDS}",
-                f"{p.file}: eagle_config.{IDS} {nested} {how} -> capture {read}; legacy SGLang and SpecForge "
-                "add 1 always, vLLM ignores these ids; pass --layer-convention input|output to override",
-                f"write the capture indices as a top-level {IDS} too (vLLM reads them; eyas convert does)",
+                f"{p.file}: eagle_config.{IDS} {nested} {how} -> capture {read}; readers of these ids differ "
+                "(what each engine captures is under consumers); pass --layer-convention input|output to override",
+                f"write the capture indices as a top-level {IDS} too (eyas convert does)",
             )
     else:
         _default_capture(p, n_target, "eagle_config.")

@@ -108,7 +108,16 @@ def read_checkpoint(
     if loaded:
         origin["weight_naming"] = f"{wfiles[0]}: " + ("midlayer.*" if naming == "eagle" else "layers.0.*")
     contract = _build_contract(p, tensors if loaded else None, facts, origin)
-    if loaded:
+    if loaded and contract.unsupported:  # no tensor layout to check against: running it is refused instead
+        warnings.append(
+            finding(
+                "tensors_not_checked",
+                "weights",
+                f"{path / wfiles[0]}: tensors not checked: eyas has no tensor layout for its {contract.unsupported}",
+                "check the weights with the engine that implements this layer",
+            )
+        )
+    elif loaded:
         against = f"{path / wfiles[0]} (checked against {used}): "  # either file may be the wrong one
         for prob in tensor_problems(contract, tensors):
             issues.add(ContractError, prefixed(prob, against))

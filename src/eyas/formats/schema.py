@@ -8,7 +8,8 @@ Two formats exist:
 - "eagle": the flat `LlamaForCausalLMEagle3` config of SafeAILab/EAGLE, SpecForge and SGLang, with
   `draft_vocab_size`, optional `target_hidden_size` and an optional nested `eagle_config`. Its nested
   layer ids are ambiguous: "output of layer i" for SpecForge and legacy SGLang (+1 to capture),
-  +1 only when the first id is 1 for SGLang since sgl-project/sglang PR #25454, ignored by vLLM.
+  +1 only when the first id is 1 for SGLang since sgl-project/sglang PR #25454 (what each engine does
+  with them is eyas.check.consumers', stated there once).
 """
 
 from __future__ import annotations
@@ -29,5 +30,7 @@ def detect_format(cfg: dict[str, Any]) -> str | None:
     archs = cfg.get("architectures")
     archs = archs if isinstance(archs, list) else []  # a malformed list is the parser's to report
     if "draft_vocab_size" in cfg or "eagle_config" in cfg or any("eagle3" in str(a).lower() for a in archs):
+        return "eagle"
+    if any(str(a).endswith("NextN") for a in archs):  # a NextN layer exported as a draft (SpecForge's first kimi-k2)
         return "eagle"
     return None

@@ -107,6 +107,11 @@ def convert_checkpoint(
     if source.problems:  # strict reading leaves only the disagreements that change the draft here
         raise FormatError(source.problems[0]["problem"], source.problems[0]["fix"])
     contract = source.contract
+    if contract.unsupported:  # the formats eyas writes hold Llama/Qwen3 layers: the rest would be dropped
+        raise FormatError(
+            f"{source.config_path}: eyas cannot convert this draft losslessly: it has a {contract.unsupported}",
+            "keep the draft in the format its trainer wrote; eyas inspect and eyas check read it as it is",
+        )
     if verifier_name:
         contract = contract.replace(verifier=dataclasses.replace(contract.verifier, name_or_path=verifier_name))
     return source, _write(dst_p, contract, source.tensors, to, force)

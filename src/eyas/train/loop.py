@@ -33,11 +33,13 @@ from tqdm import tqdm
 
 from eyas.errors import EyasError
 from eyas.formats import write_checkpoint
+from eyas.interrupt import on_signals
 from eyas.target import target_config
 from eyas.train.batches import pack_batch, plan_epoch, rank_share
 from eyas.train.checkpoint import (
     RunFiles,
     append_log,
+    checkpoint_path,
     config_dict,
     latest_checkpoint,
     load_state,
@@ -96,12 +98,26 @@ class _Run:
         self.t_start = time.perf_counter()
 
     def run(self) -> dict[str, Any] | None:
-        self.setup()
-        self.load_data()
-        self.build_model()
-        self.build_optimiser()
-        self.step_loop()
-        return self.export() if self.main else None
+        with on_signals(self.resume_note) as self.guard:  # Ctrl-C / SIGTERM: eyas.interrupt
+            self.setup()
+            self.load_data()
+            self.build_model()
+            self.build_optimiser()
+            self.step_loop()
+            return self.export() if self.main else None
+
+    def resume_note(self) -> str:
+        """What an interrupted run left, and how to resume it."""
+        files = getattr(self, "files", None)
+        found = latest_checkpoint(files.checkpoints) if files else None
+        at = f"checkpoint {found.name}" if found else "the start (no checkpoint was written yet)"
+        return f"{self.config.out} resumes from {at}: rerun the same `eyas train` command with --resume"
+
+    def stop_here(self) -> None:
+        """A signal was held during the step just finished: save this step (rank 0), then stop."""
+        if self.main and latest_checkpoint(self.files.checkpoints) != checkpoint_path(self.files.checkpoints, self.step):
+            self.good_checkpoint = self.save()
+        raise self.guard.stop()
 
     # --- setup, data, model, optimiser -----------------------------------------------------------
 
@@ -178,6 +194,7 @@ class _Run:
                    disable=not (c.progress and self.main))
         self.last: dict[str, Any] = {"loss": None, "acc_by_step": None, "eval": None}
         self.good_checkpoint = self.resumed_from
+        self.guard.hold(self.world_size == 1)  # one process: a signal waits for the end of the step
         while self.step < self.total:
             if self.batch_at >= len(self.plans[self.epoch]):
                 self.epoch, self.batch_at = self.epoch + 1, 0
@@ -194,6 +211,9 @@ class _Run:
             if self.main and ((c.save_every and self.step % c.save_every == 0) or at_end):
                 self.good_checkpoint = self.save()
                 plot_curves(self.files.log, self.files.curves)
+            if self.guard.pending:
+                self.stop_here()
+        self.guard.hold(False)
         bar.close()
 
     def train_step(self, batch_ids: list[int]) -> dict[str, Any]:

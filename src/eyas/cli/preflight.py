@@ -1,0 +1,277 @@
+"""Every verb's flags and input files checked before anything heavy runs: `check(args)`.
+
+Loading a target takes seconds on the tiny ones and minutes on real ones, and a draft can be GBs. A
+`--max-new-tokens 0`, a prompt file in the wrong encoding or an empty dump found only after that
+wastes the wait and buries the one line that matters under a progress bar. So each `cmd_*` starts
+with `preflight.check(args)`: its numbers are range-checked, every file it will read is opened and
+read as the command will read it (prompt files in full, dumps in full, capture folders down to each
+shard's header), and every place it will write is checked writable, creating nothing. Each kind of
+input has one function here; `VERBS` says which ones a verb needs. Bad input raises EyasError, which
+the CLI prints as one `error:` and one `hint:` line (exit 2).
+
+What needs the loaded model (a prompt longer than the target's context, a draft that does not fit
+the target) is still refused by the command itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from eyas.errors import EyasError, FormatError
+
+# --- flags ------------------------------------------------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def at_least(args: argparse.Namespace, minimum: int, *names: str) -> None:
+    """Each named integer flag, when given, is >= minimum."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise EyasError(f"{_flag(name)} {value}: must be >= {minimum}",
+                            f"pass {_flag(name)} {max(minimum, 1)} or more, or leave it out for the default")
+
+
+def sampling(args: argparse.Namespace) -> None:
+    """--temperature >= 0 and --top-p in (0, 1], both finite."""
+    temperature, top_p = getattr(args, "temperature", None), getattr(args, "top_p", None)
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise EyasError(f"--temperature {temperature}: must be a number >= 0", "0 is greedy; e.g. --temperature 0.7")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise EyasError(f"--top-p {top_p}: must be in (0, 1]", "1 keeps every token; e.g. --top-p 0.9")
+
+
+def capture_layers(args: argparse.Namespace) -> None:
+    """--capture-layers is a list of indices >= 0 (whether they fit the target is checked with it)."""
+    from eyas.cli.inputs import capture_layers_of
+
+    layers = capture_layers_of(getattr(args, "capture_layers", None))
+    if layers is not None and (not layers or min(layers) < 0):
+        raise EyasError(f"--capture-layers {args.capture_layers}: indices must be >= 0",
+                        "index k is the input of target layer k, e.g. --capture-layers 2,15,27")
+
+
+def tree(args: argparse.Namespace) -> None:
+    """--tree is depth,top_k,budget."""
+    from eyas.draft_shape import parse_tree
+
+    parse_tree(getattr(args, "tree", None))
+
+
+# --- files read ---------------------------------------------------------------------------------------
+
+
+def target(args: argparse.Namespace, *, weights: bool) -> None:
+    """--target: a folder or config that exists, with weights beside it where the verb runs it, and
+    --device: one this machine has (`eyas.cli.inputs.target_of` checks both)."""
+    from eyas.cli.inputs import target_of
+
+    target_of(args, weights=weights)
+
+
+def prompts(source: str | None, *, limit: int | None = None) -> None:
+    """A prompt file read in full (encoding, records) or a named set that is installed."""
+    from eyas.data.prompts import check_prompts
+
+    if source is not None:
+        check_prompts(source, limit=limit)
+
+
+def bench_prompts(names: str | None) -> None:
+    """`eyas bench --prompts`: named sets or prompt files, joined by commas."""
+    from eyas.bench.prompts import PROMPT_SETS
+
+    for name in (n.strip() for n in (names or "").split(",")):
+        if name and name not in PROMPT_SETS:
+            prompts(name)
+
+
+def existing(path: str | Path, flag: str) -> Path:
+    """An input path that must exist."""
+    path = Path(path)
+    if not path.exists():
+        raise FormatError(f"{path} does not exist ({flag})", f"check the path given to {flag}")
+    return path
+
+
+def capture_folder(path: str | Path, flag: str, data_format: str | None = None) -> None:
+    """A folder of stored features: an eyas capture is checked down to its shards' headers; another
+    trainer's cache (eyas.data.caches) only has to exist here, its reader checks the rest."""
+    from eyas.data.shards import MANIFEST, check_capture
+
+    path = existing(path, flag)
+    if data_format in (None, "eyas") and (path / MANIFEST).is_file() or data_format == "eyas":
+        check_capture(path)
+
+
+def dump_file(path: str | Path, target: str | None) -> None:
+    """An engine dump read in full: its shapes and numbers, and (with --target) its ids and width
+    against that target's config (the embedded default's are checked once it is loaded)."""
+    from eyas.doctor.dumps import read_dump
+    from eyas.target import DEFAULT_SPECS, TargetRef
+
+    vocab = hidden = None
+    if target is not None and target not in DEFAULT_SPECS:
+        ref = TargetRef.resolve(target, weights=False)
+        vocab, hidden = ref.vocab_size, ref.hidden_size
+    read_dump(existing(path, "--features"), vocab_size=vocab, hidden_size=hidden)
+
+
+def features(args: argparse.Namespace) -> None:
+    """`eyas doctor --features`: an engine dump (a file) or a feature cache (a folder)."""
+    path = getattr(args, "features", None)
+    if path is None:
+        return
+    data_format = getattr(args, "data_format", None)
+    if Path(path).is_dir():
+        capture_folder(path, "--features", data_format)
+    elif data_format in (None, "eyas-dump"):
+        dump_file(path, args.target)
+    else:
+        existing(path, "--features")
+
+
+# --- places written -----------------------------------------------------------------------------------
+
+
+def _writable_above(path: Path, flag: str) -> None:
+    """The nearest existing folder above `path` can take new entries."""
+    above = path.absolute().parent
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+        raise EyasError(f"{path}: cannot write into {above} ({flag})", f"choose a {flag} where you can write")
+
+
+def output_folder(path: str | Path | None, flag: str) -> None:
+    """A folder to write: absent (made later) or a folder, in a place that can be written."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise EyasError(f"{path} is a file, not a folder ({flag})", f"give {flag} a folder path")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise EyasError(f"{path}: cannot write into it ({flag})", f"choose a {flag} where you can write")
+    _writable_above(path, flag)
+
+
+def output_file(path: str | Path | None, flag: str) -> None:
+    """A file to write (atomically, beside itself): its folder exists and can be written."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise EyasError(f"{path} is a folder ({flag})", f"give {flag} a file path")
+    if not path.absolute().parent.is_dir():
+        raise EyasError(f"{path}: the folder {path.absolute().parent} does not exist ({flag})",
+                        "create it first, or choose another path")
+    _writable_above(path, flag)
+
+
+def capture_out(path: str) -> None:
+    """`eyas capture --out`: writable, and when it already holds a capture, a readable one (resumed)."""
+    from eyas.data.shards import MANIFEST, read_manifest
+
+    output_folder(path, "--out")
+    if (Path(path) / MANIFEST).is_file():
+        read_manifest(Path(path))
+
+
+def train_run(args: argparse.Namespace) -> None:
+    """`eyas train`: the target, the settings, every capture folder, the warm start, the run folder."""
+    from eyas.train import config_from_args
+    from eyas.train.checkpoint import RunFiles, refuse_old_run
+    from eyas.train.config import check_config, data_folders
+
+    target(args, weights=True)
+    config = config_from_args(args)
+    check_config(config)
+    for folder in data_folders(config):
+        capture_folder(folder, "--data")
+    if config.init:
+        existing(config.init, "--init")
+    output_folder(config.out, "--out")
+    if not config.resume:
+        refuse_old_run(RunFiles.of(config.out))
+
+
+# --- the verbs ----------------------------------------------------------------------------------------
+
+
+def _capture(a: argparse.Namespace) -> None:
+    at_least(a, 0, "skip")
+    at_least(a, 1, "limit", "max_new_tokens", "batch_size")
+    at_least(a, 2, "max_length")
+    sampling(a)
+    capture_layers(a)
+    target(a, weights=True)
+    prompts(a.prompts, limit=None if a.limit is None else a.skip + a.limit)
+    capture_out(a.out)
+
+
+def _eval(a: argparse.Namespace) -> None:
+    if a.data and a.prompts:
+        raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
+    at_least(a, 1, "limit", "max_new_tokens", "depth", "tree_top_k", "tree_depth")
+    target(a, weights=True)
+    if a.data:
+        capture_folder(a.data, "--data", getattr(a, "data_format", None))
+    else:
+        prompts(a.prompts, limit=a.limit)
+    output_file(a.plot, "--plot")
+
+
+def _decoding(a: argparse.Namespace) -> None:
+    at_least(a, 1, "max_new_tokens", "draft_tokens", "limit")
+    at_least(a, 0, "top_k")
+    sampling(a)
+    tree(a)
+    target(a, weights=True)
+
+
+def _bench(a: argparse.Namespace) -> None:
+    _decoding(a)
+    bench_prompts(a.prompts)
+    output_file(a.plot, "--plot")
+
+
+def _doctor(a: argparse.Namespace) -> None:
+    at_least(a, 1, "limit", "max_new_tokens")
+    target(a, weights=True)
+    prompts(a.prompts, limit=a.limit)
+    features(a)
+
+
+def _serve_check(a: argparse.Namespace) -> None:
+    at_least(a, 1, "limit", "draft_tokens")
+    at_least(a, 2, "max_new_tokens")
+    target(a, weights=True)
+    prompts(a.prompts, limit=a.limit)
+    output_file(a.dump, "--dump")
+
+
+VERBS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "capture": _capture,
+    "eval": _eval,
+    "train": train_run,
+    "generate": _decoding,
+    "bench": _bench,
+    "doctor": _doctor,
+    "serve-check": _serve_check,
+    "init": lambda a: (capture_layers(a), target(a, weights=True), output_folder(a.dst, "DST")),
+    "convert": lambda a: (existing(a.src, "SRC"), output_folder(a.dst, "DST")),
+}
+
+
+def check(args: argparse.Namespace) -> None:
+    """The one call at the top of every `cmd_*`: refuse bad flags and inputs before any model loads."""
+    verb = VERBS.get(args.command)
+    if verb is not None:
+        verb(args)

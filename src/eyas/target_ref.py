@@ -1,0 +1,265 @@
+"""A target named once, at the command's edge: its folder, config, device and dtype, and its tensors
+read lazily by name.
+
+Every verb used to resolve the same `--target` again and again (its name for manifests, its config
+for the draft's fit, its embeddings, its lm_head). `TargetRef.resolve` does it once; everything
+below takes the ref. It never builds the model (`eyas.target.Target.load(ref)` does): that is what
+lets `eyas eval --data` judge a 671B target's draft from the target's final norm and `lm_head`
+alone (`TargetRef.head`), reading two tensors from the one or two shards the index names for them.
+
+Naming a target: nothing, "default" or "smollm2" is the embedded default (its cached folder); a
+folder with config.json is that folder; the folder's `config.json` stands for the folder; with
+`weights=False` (the verbs that only compare configs) a lone config file under any name is enough.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from eyas.devices import check_fits_memory, parse_device
+from eyas.dtypes import short_name
+from eyas.embedded import DEFAULT_SPECS, EMBEDDED_NAME, embedded_default_dir
+from eyas.errors import FormatError
+from eyas.weights import find_weights, read_tensors, weight_bytes
+
+# Target tensors by the names the drafter uses -> Hugging Face names on disk.
+HF_NAMES = {
+    "embed_tokens.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",  # absent from the files when tied to embed_tokens
+}
+
+
+@dataclass(frozen=True)
+class TargetHead:
+    """What turns the target's last hidden state into its verdict: the final RMSNorm and lm_head.
+
+    Caches store the last state either after the final norm (SpecForge, ModelOpt, eyas) or before it
+    (speculators/vLLM); `logits(h, normed=False)` applies the norm first, in fp32, as Llama does.
+    """
+
+    lm_head: Tensor  # [V, H]
+    norm: Tensor  # [H]
+    eps: float
+
+    def normalize(self, h: Tensor) -> Tensor:
+        x = h.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.norm.float() * x
+
+    def logits(self, h: Tensor, *, normed: bool = True) -> Tensor:
+        """[.., H] -> [.., V] in the lm_head's dtype (fp32 accumulate where the device does)."""
+        x = h if normed else self.normalize(h)
+        return x.to(self.lm_head.dtype) @ self.lm_head.T
+
+    def greedy(self, h: Tensor, *, normed: bool = True) -> Tensor:
+        return self.logits(h, normed=normed).argmax(-1)
+
+
+@dataclass(frozen=True)
+class TargetRef:
+    """A resolved `--target`: identity, config, where and in what precision it runs."""
+
+    path: Path  # the model folder, or a lone config file (weights=False)
+    name: str  # the identity recorded for it: the hub id of the default, else the absolute path
+    config: dict
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
+    read: list[str] = field(default_factory=list, compare=False, repr=False)  # tensors read, in order
+
+    @classmethod
+    def resolve(cls, spec: str | Path | TargetRef | None = None, *, weights: bool = True,
+                needed_by: str = "this command", device: str | torch.device | None = None,
+                dtype: torch.dtype | None = None) -> TargetRef:
+        """The one rule for every `--target` and every library `target=` (see the module docstring).
+
+        A TargetRef passes through (re-placed when `device`/`dtype` are given). With `weights`, a
+        lone config is refused in one line naming `needed_by`.
+        """
+        if isinstance(spec, TargetRef):
+            if device is None and dtype is None:
+                return spec
+            return cls(spec.path, spec.name, spec.config, parse_device(device or spec.device),
+                       dtype or spec.dtype)
+        path = _resolve_path(spec, weights=weights, needed_by=needed_by)
+        name = EMBEDDED_NAME if spec in DEFAULT_SPECS else str(path.resolve())
+        return cls(path, name, _read_config(path), parse_device(device), dtype or torch.float32)
+
+    # --- facts from the config ------------------------------------------------------------------
+
+    @property
+    def folder(self) -> Path:
+        return self.path if self.path.is_dir() else self.path.parent
+
+    @property
+    def text_config(self) -> dict:
+        """The language model's config: multimodal targets nest it under `text_config`."""
+        inner = self.config.get("text_config")
+        return inner if isinstance(inner, dict) and "num_hidden_layers" not in self.config else self.config
+
+    @property
+    def num_layers(self) -> int:
+        return int(self._field("num_hidden_layers"))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self._field("hidden_size"))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._field("vocab_size"))
+
+    def _field(self, key: str):
+        value = self.text_config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise FormatError(f"{self._config_file()}: field {key!r} is {value!r}, not a positive integer",
+                              "restore the target's config.json")
+        return value
+
+    def _config_file(self) -> Path:
+        return self.path if self.path.is_file() else self.path / "config.json"
+
+    # --- tensors, read by name ----------------------------------------------------------------
+
+    def tensors(self, names: Iterable[str]) -> dict[str, Tensor]:
+        """Only the named tensors, from only the shards that hold them (the model is never built).
+
+        `embed_tokens.weight`, `norm.weight` and `lm_head.weight` are the drafter's names for the
+        target's tensors (lm_head is the embedding matrix when tied); any other name is read as
+        written on disk. Keyed by the names asked for.
+        """
+        names = list(names)
+        on_disk = {n: HF_NAMES.get(n, n) for n in names}
+        if "lm_head.weight" in names and self.tied_embeddings():
+            on_disk["lm_head.weight"] = HF_NAMES["embed_tokens.weight"]
+        found = read_tensors(self.folder, set(on_disk.values()))
+        self.read.extend(sorted(found))
+        return {n: found[hf] for n, hf in on_disk.items()}
+
+    def embeddings(self) -> Tensor:
+        """The target's input embeddings [V, H]: what a draft without its own embed_tokens uses."""
+        return self.tensors(["embed_tokens.weight"])["embed_tokens.weight"]
+
+    def head(self, dtype: torch.dtype | None = None) -> TargetHead:
+        """The final norm and lm_head on this ref's device, lm_head in `dtype` (default: the ref's)."""
+        t = self.tensors(["norm.weight", "lm_head.weight"])
+        eps = float(self.text_config.get("rms_norm_eps") or 1e-6)
+        return TargetHead(t["lm_head.weight"].to(self.device, dtype or self.dtype),
+                          t["norm.weight"].to(self.device), eps)
+
+    def tied_embeddings(self) -> bool:
+        """lm_head shares embed_tokens: as config.json says, else when the weights hold no lm_head.
+
+        The weights decide when the config is silent, because the default differs by model class
+        and reading it would need the class (transformers' AutoConfig; custom ones run code).
+        """
+        said = self.text_config.get("tie_word_embeddings", self.config.get("tie_word_embeddings"))
+        if isinstance(said, bool):
+            return said
+        return HF_NAMES["lm_head.weight"] not in _tensor_names(self.folder)
+
+    def tensor_names(self) -> set[str]:
+        """Every tensor name the target's weights hold (from the index or headers: no data read)."""
+        return _tensor_names(self.folder)
+
+    def weight_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """The weights' size once loaded in `dtype` (default: this ref's), from the files' headers."""
+        return weight_bytes(self.folder, dtype or self.dtype)
+
+    def check_fits(self, dtype: torch.dtype | None = None) -> None:
+        """Refuse to load the whole target where it would not fit (sizes named), before loading."""
+        check_fits_memory(self.weight_bytes(dtype), self.device, f"target {self.name} in {short_name(dtype or self.dtype)}")
+
+
+def _tensor_names(folder: Path) -> set[str]:
+    """Every tensor name the weights in `folder` hold, from the index or the headers (no data read)."""
+    found = find_weights(folder)
+    if found is None:
+        return set()
+    if found.name.endswith(".index.json"):
+        try:
+            return set(json.loads(found.read_text(encoding="utf-8"))["weight_map"])
+        except (ValueError, KeyError, TypeError):
+            return set()
+    if found.suffix == ".safetensors":
+        with safe_open(str(found), "pt") as f:
+            return set(f.keys())
+    return set(read_tensors(folder))
+
+
+def _resolve_path(spec: str | Path | None, *, weights: bool, needed_by: str) -> Path:
+    if spec in DEFAULT_SPECS:
+        return embedded_default_dir()
+    given = path = Path(spec).expanduser()
+    if path.is_file():
+        if path.name != "config.json":  # a config under another name stands for no model folder
+            if weights:
+                raise _no_weights(needed_by, f"{given} is a lone config, not a model folder's config.json")
+            return path
+        path = path.parent
+    if not (path / "config.json").is_file():
+        found = "is not a folder or a config file" if not path.is_dir() else "has no config.json"
+        raise FormatError(
+            f"target {str(spec)!r} {found}",
+            "pass a local Hugging Face model folder or its config.json (eyas never downloads), "
+            "or 'default' for SmolLM2-135M-Instruct",
+        )
+    if weights and find_weights(path) is None:
+        raise _no_weights(needed_by, f"{given} has no weight files {'beside it' if given.is_file() else 'in it'}")
+    return path
+
+
+def _no_weights(needed_by: str, why: str) -> FormatError:
+    return FormatError(
+        f"{needed_by} needs the target's weights: {why}",
+        "pass the target's model folder (config.json with model.safetensors or pytorch_model.bin beside it); "
+        "a lone config is enough only for eyas check, inspect and convert",
+    )
+
+
+def _read_config(found: Path) -> dict:
+    path = found if found.is_file() else found / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise FormatError(f"{path} is not valid JSON: {e}", "restore the target's config.json") from None
+    if not isinstance(config, dict):
+        raise FormatError(f"{path} holds a JSON {type(config).__name__}, not an object",
+                          "restore the target's config.json")
+    return config
+
+
+# --- the spec-taking forms every caller used before the ref existed ---------------------------
+
+
+def resolve_target(spec, *, weights: bool = True, needed_by: str = "this command") -> Path:
+    """The target's folder (or lone config file): `TargetRef.resolve(spec).path`."""
+    if isinstance(spec, TargetRef):
+        return spec.path
+    return _resolve_path(spec, weights=weights, needed_by=needed_by)
+
+
+def target_name(spec) -> str:
+    """The identity recorded for a target (manifests, verifier)."""
+    return TargetRef.resolve(spec, weights=False).name
+
+
+def target_config(spec) -> dict:
+    """The target's config as a dict; no weights are read."""
+    return TargetRef.resolve(spec, weights=False).config
+
+
+def target_tensors(spec, names: Iterable[str]) -> dict[str, Tensor]:
+    """`TargetRef.resolve(spec).tensors(names)`."""
+    return TargetRef.resolve(spec).tensors(names)
+
+
+def load_target_embeddings(spec) -> Tensor:
+    return TargetRef.resolve(spec).embeddings()

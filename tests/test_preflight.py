@@ -1,0 +1,202 @@
+"""Every verb refuses bad flags and bad input files before it loads a target or a draft
+(eyas.cli.preflight): the `error:` line comes first on stderr, exit 2, and nothing is loaded.
+
+Loading is made impossible here (`Target.load`, the target's weights and the draft reader raise
+AssertionError), so a check that happened only after a load fails the test with that error instead
+of passing late. A tiny random target and a draft for it make the command lines real.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_data import LAYERS, PROMPTS, save_tiny_target
+
+import eyas.data.textfile as textfile
+from eyas.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("preflight")
+    target = save_tiny_target(root / "target")
+    draft = root / "draft"
+    assert main(["init", str(draft), "--target", str(target), "--capture-layers", ",".join(map(str, LAYERS))]) == 0
+    good = root / "good.jsonl"
+    good.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return {"root": root, "target": target, "draft": draft, "prompts": good}
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Any load of a target or a draft fails the test."""
+    import eyas.formats
+    import eyas.target
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(eyas.target.Target, "load", classmethod(refuse))
+    monkeypatch.setattr(eyas.target.TargetRef, "tensors", refuse)
+    monkeypatch.setattr(eyas.formats, "read_checkpoint", refuse)
+    import eyas.drafter_loading
+    for name in ("load_drafter", "load_drafter_and_config"):
+        if hasattr(eyas.drafter_loading, name):
+            monkeypatch.setattr(eyas.drafter_loading, name, refuse)
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def refused(capsys, argv: list[str], *names: str) -> str:
+    """Run; assert exit 2 with the error first, one `error:` and one `hint:` line naming `names`."""
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == 2, err
+    assert lines and lines[0].startswith("error:"), err  # before any progress bar or log line
+    assert sum(x.startswith("error:") for x in lines) == 1 and sum(x.startswith("hint:") for x in lines) == 1, err
+    assert "Traceback" not in err
+    for name in names:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+def bad_prompt_files(root: Path) -> dict[str, tuple[Path, str]]:
+    """Prompt files each reader must refuse, with what the error says."""
+    deep = b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}\n"
+    return {
+        "binary": (write(root / "binary.txt", b"hello\n\x89PNG\r\n\x1a\n\x00\x00"), "byte 6"),
+        "nul": (write(root / "nul.txt", b"hello\x00world\n"), "byte 5: a NUL byte"),
+        "latin1": (write(root / "latin1.jsonl", '{"prompt": "caf\xe9"}\n'.encode("latin-1")), "byte 15"),
+        "utf32": (write(root / "utf32.txt", codecs.BOM_UTF32_LE + "hi\n".encode("utf-32-le")), "UTF-32"),
+        "odd utf16": (write(root / "odd.txt", codecs.BOM_UTF16_LE + "hi\n".encode("utf-16-le") + b"x"), "byte 8"),
+        "deep": (write(root / "deep.jsonl", deep), "nested too deeply"),
+        "deep array": (write(root / "deep.json", b"[" + deep[:-1] + b"]"), "nested too deeply"),
+        "empty record": (write(root / "empty.jsonl", b'{"prompt": "hi"}\n{}\n'), "line 2: no usable prompt"),
+        "empty file": (write(root / "empty.txt", b"\n \n"), "no prompts found"),
+        "missing": (root / "missing.txt", "does not exist"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["binary", "nul", "latin1", "utf32", "odd utf16", "deep", "deep array",
+                                  "empty record", "empty file", "missing"])
+def test_bad_prompt_files_are_refused_before_any_model_loads(world, capsys, no_loading, kind):
+    path, says = bad_prompt_files(world["root"])[kind]
+    t, d = world["target"], world["draft"]
+    out = world["root"] / "never-written"
+    for argv in (
+        ["capture", "--prompts", path, "--out", out, "--target", t, "--no-progress"],
+        ["eval", d, "--prompts", path, "--target", t, "--no-progress"],
+        ["doctor", d, "--prompts", path, "--target", t, "--no-progress"],
+        ["bench", d, "--prompts", path, "--target", t, "--no-progress"],
+        ["serve-check", d, "--prompts", path, "--target", t, "--no-progress"],
+    ):
+        refused(capsys, argv, path.name, says)
+    assert not out.exists()
+
+
+def test_text_in_utf8_with_bom_and_utf16_is_read(world, tmp_path):
+    from eyas.data import read_prompts
+
+    text = "héllo wörld\r\nsecond ☃\n"
+    for name, data in (("bom8.txt", codecs.BOM_UTF8 + text.encode()),
+                       ("le.txt", codecs.BOM_UTF16_LE + text.encode("utf-16-le")),
+                       ("be.txt", codecs.BOM_UTF16_BE + text.encode("utf-16-be")),
+                       ("le.jsonl", codecs.BOM_UTF16_LE + '{"prompt": "héllo"}\n'.encode("utf-16-le")),
+                       ("bom.json", codecs.BOM_UTF8 + b'[{"prompt": "h\xc3\xa9llo"}]')):
+        got = [p.text for p in read_prompts(write(tmp_path / name, data))]
+        assert got[0] == "héllo wörld" if name.endswith(".txt") else got == ["héllo"], (name, got)
+
+
+def test_a_huge_line_is_refused_naming_it(world, tmp_path, capsys, no_loading, monkeypatch):
+    monkeypatch.setattr(textfile, "MAX_LINE_CHARS", 1000)
+    for name, data in (("long.txt", b"short\n" + b"x" * 5000 + b"\n"),
+                       ("long.jsonl", b'{"prompt": "a"}\n{"prompt": "' + b"x" * 5000 + b'"}\n'),
+                       ("long.json", b'[{"prompt": "a"},\n {"prompt": "' + b"x" * 5000 + b'"}]')):
+        path = write(tmp_path / name, data)
+        refused(capsys, ["eval", world["draft"], "--prompts", path, "--target", world["target"]],
+                name, "line 2: longer than 1,000 characters")
+
+
+def dump(path: Path, ids: torch.Tensor, feats: torch.Tensor) -> Path:
+    save_file({"input_ids": ids.contiguous(), "features": feats.contiguous()}, path)
+    return path
+
+
+def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, no_loading):
+    T, W = 8, 3 * 32
+    ids, feats = torch.arange(4, 4 + T), torch.randn(T, W)
+    nan = feats.clone()
+    nan[5, 7] = float("nan")
+    cases = {
+        write(tmp_path / "empty.safetensors", b""): "not a readable safetensors file",
+        dump(tmp_path / "nan.safetensors", ids, nan): "features[5, 7] is nan",
+        dump(tmp_path / "inf.safetensors", ids, feats.clamp(max=1).index_fill(0, torch.tensor([2]), float("inf"))):
+            "features[2, 0] is inf (and 95 more)",
+        dump(tmp_path / "vocab.safetensors", ids.index_fill(0, torch.tensor([3]), 999), feats): "input_ids[3] is 999",
+        dump(tmp_path / "negative.safetensors", ids.index_fill(0, torch.tensor([0]), -1), feats): "input_ids[0] is -1",
+        dump(tmp_path / "width.safetensors", ids, feats[:, :40]): "not a multiple of the target's hidden size 32",
+        dump(tmp_path / "short.safetensors", ids[:2], feats[:2]): "at least 4",
+    }
+    for path, says in cases.items():
+        refused(capsys, ["doctor", world["draft"], "--features", path, "--target", world["target"]], path.name, says)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),
+    (["generate", "--prompt", "hi", "--draft-tokens", "-2"], "--draft-tokens -2"),
+    (["generate", "--prompt", "hi", "--top-p", "0"], "--top-p 0.0"),
+    (["generate", "--prompt", "hi", "--temperature", "nan"], "--temperature nan"),
+    (["generate", "--prompt", "hi", "--tree", "5,0,16"], "tree '5,0,16'"),
+    (["bench", "--limit", "-1"], "--limit -1"),
+    (["bench", "--max-new-tokens", "0"], "--max-new-tokens 0"),
+    (["eval", "--limit", "0"], "--limit 0"),
+    (["eval", "--depth", "0"], "--depth 0"),
+    (["doctor", "--limit", "-3"], "--limit -3"),
+    (["doctor", "--max-new-tokens", "0"], "--max-new-tokens 0"),
+    (["serve-check", "--limit", "0"], "--limit 0"),
+    (["serve-check", "--prompts", "no-such-prompts.txt"], "no-such-prompts.txt does not exist"),
+    (["serve-check", "--max-new-tokens", "1"], "--max-new-tokens 1: must be >= 2"),
+    (["capture", "--out", "OUT", "--limit", "-1"], "--limit -1"),
+    (["capture", "--out", "OUT", "--skip", "-1"], "--skip -1"),
+    (["capture", "--out", "OUT", "--max-new-tokens", "0"], "--max-new-tokens 0"),
+    (["capture", "--out", "OUT", "--capture-layers", "1,-2"], "--capture-layers 1,-2"),
+    (["capture", "--out", "OUT", "--batch-size", "0"], "--batch-size 0"),
+])
+def test_bad_flags_are_refused_before_any_model_loads(world, capsys, no_loading, argv, says):
+    argv = [str(world["root"] / "never-written") if a == "OUT" else a for a in argv]
+    verb, rest = argv[0], argv[1:]
+    drafter = [] if verb in ("capture",) else [str(world["draft"])]
+    prompts = ["--prompts", str(world["prompts"])] if verb in ("capture", "serve-check") and "--prompts" not in rest \
+        else []
+    refused(capsys, [verb, *drafter, *rest, *prompts, "--target", str(world["target"])], says)
+    assert not (world["root"] / "never-written").exists()
+
+
+def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path, capsys, no_loading):
+    t, d = str(world["target"]), str(world["draft"])
+    a_file = write(tmp_path / "a-file", b"x")
+    refused(capsys, ["eval", d, "--data", tmp_path / "nowhere", "--target", t], "nowhere does not exist")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    write(broken / "manifest.json", b'{"format": "eyas-capture", "format_version": 1}')
+    refused(capsys, ["eval", d, "--data", broken, "--target", t], "manifest.json", "field 'target'")
+    refused(capsys, ["eval", d, "--prompts", world["prompts"], "--plot", tmp_path / "no" / "x.png", "--target", t],
+            "does not exist (--plot)")
+    refused(capsys, ["capture", "--prompts", world["prompts"], "--out", a_file, "--target", t],
+            "a-file is a file, not a folder")
+    refused(capsys, ["train", "--data", tmp_path / "nowhere", "--out", tmp_path / "run", "--target", t],
+            "nowhere does not exist")
+    refused(capsys, ["train", "--data", broken, "--out", tmp_path / "run", "--target", t, "--epochs", "0"],
+            "epochs=0")
+    assert not (tmp_path / "run").exists()

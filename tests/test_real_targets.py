@@ -1,0 +1,244 @@
+"""Real targets: a target named once (TargetRef), judged from its final norm and lm_head alone, on any
+device, refused before loading when it cannot fit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import eyas.weights as weights_mod
+from eyas.cli import main
+from eyas.data import capture
+from eyas.devices import parse_device
+from eyas.errors import EyasError
+from eyas.target import Target
+from eyas.target_ref import TargetRef
+from test_data import LAYERS, PROMPTS, save_tiny_target
+from test_evaluate import tiny  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """The tiny target re-saved in many small shards (as real targets are), with eyas's capture of it
+    and a random draft for it."""
+    from transformers import LlamaForCausalLM
+
+    plain = save_tiny_target(tmp_path_factory.mktemp("plain"))
+    folder = tmp_path_factory.mktemp("sharded")
+    LlamaForCausalLM.from_pretrained(plain).save_pretrained(folder, max_shard_size="20KB")
+    for f in plain.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, folder / f.name)
+    shards = tmp_path_factory.mktemp("shards") / "s"
+    capture(Target.load(folder), PROMPTS, LAYERS, shards, max_new_tokens=12, batch_size=2, dtype="float32",
+            progress=False)
+    draft = tmp_path_factory.mktemp("draft") / "d"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", ",".join(map(str, LAYERS))]) == 0
+    return folder, shards, draft
+
+
+def test_eval_on_stored_features_reads_only_the_final_norm_lm_head_and_embeddings(sharded, monkeypatch, capsys):
+    folder, shards, draft = sharded
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(index.values())) > 3 and any(n.startswith("model.layers.3.") for n in index)
+    opened: list[tuple[str, frozenset]] = []
+    read_file = weights_mod._read_file
+
+    def spy(path, names):
+        opened.append((path.name, frozenset(names or ())))
+        return read_file(path, names)
+
+    monkeypatch.setattr(weights_mod, "_read_file", spy)
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(shards), "--target", str(folder), "--json", "--depth", "3",
+                 "--dtype", "fp32", "--no-progress"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    wanted = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}  # the draft ships no embeddings
+    assert set(rep["cost"]["target_tensors_read"]) == wanted
+    target_reads = [(f, n) for f, n in opened if f != "model.safetensors"]  # the draft's own file aside
+    assert set().union(*(n for _, n in target_reads)) == wanted
+    assert {f for f, _ in target_reads} == {index[n] for n in wanted}  # only the shards holding them
+    assert rep["data"]["format"] == "eyas" and rep["data"]["verdict"] == "target"
+    assert rep["cost"]["positions_per_s"] > 0 and rep["tokens"] > 0
+
+
+def test_a_draft_with_its_own_embeddings_reads_only_the_final_norm_and_lm_head(sharded, tmp_path, capsys):
+    from dataclasses import replace
+
+    from eyas.formats import read_checkpoint, write_checkpoint
+
+    folder, shards, draft = sharded
+    ckpt = read_checkpoint(draft)
+    tensors = {**ckpt.tensors, "embed_tokens.weight": TargetRef.resolve(folder).embeddings()}
+    own = write_checkpoint(tmp_path / "own", replace(ckpt.contract, has_embeddings=True), tensors, "speculators")
+    capsys.readouterr()
+    assert main(["eval", str(own), "--data", str(shards), "--target", str(folder), "--json", "--depth", "2",
+                 "--no-progress"]) == 0
+    assert sorted(json.loads(capsys.readouterr().out)["cost"]["target_tensors_read"]) == [
+        "lm_head.weight", "model.norm.weight"]
+
+
+def test_the_verdict_from_the_head_equals_the_full_target(sharded):
+    folder, shards, _ = sharded
+    ref = TargetRef.resolve(folder)
+    head = ref.head(torch.float32)
+    tgt = Target.load(ref)
+    ids = torch.tensor([[1, 5, 9, 12, 7, 3]])
+    out = tgt.forward(ids, [4])  # index N = the last layer's output, before the final norm
+    assert torch.equal(head.greedy(out.features[0], normed=False), out.logits[0].argmax(-1))
+    assert torch.allclose(head.logits(out.last_hidden[0]), out.logits[0], atol=1e-5)
+
+
+def test_a_ref_resolves_once_and_passes_through(sharded):
+    folder = sharded[0]
+    ref = TargetRef.resolve(folder)
+    assert TargetRef.resolve(ref) is ref
+    assert ref.num_layers == 4 and ref.hidden_size == 32 and ref.vocab_size == 48 and not ref.tied_embeddings()
+    assert ref.name == str(folder.resolve())
+    assert TargetRef.resolve(str(folder / "config.json")).path == folder
+
+
+@pytest.mark.parametrize("verb", [
+    ["eval", "--data", "SHARDS"], ["doctor"], ["generate", "--prompt", "hi"], ["bench", "--limit", "1"],
+    ["capture", "--out", "OUT", "--limit", "1"], ["serve-check", "--limit", "1"],
+])
+def test_device_cuda_without_a_gpu_is_one_line_before_anything_loads(sharded, tmp_path, monkeypatch, capsys, verb):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    folder, shards, draft = sharded
+
+    def never(*a, **k):
+        raise AssertionError("the target was loaded before --device was checked")
+
+    monkeypatch.setattr(Target, "load", never)
+    args = [a.replace("SHARDS", str(shards)).replace("OUT", str(tmp_path / "out")) for a in verb]
+    positional = [] if verb[0] == "capture" else [str(draft)]
+    assert main([verb[0], *positional, *args[1:], "--target", str(folder), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device cuda: no CUDA GPU") and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_parser_names_every_cache_format_the_readers_read():
+    from eyas.cli.parser import CACHE_FORMATS as named
+    from eyas.data.caches import CACHE_FORMATS as read
+
+    assert named == read
+
+
+def test_parse_device():
+    assert parse_device(None) == torch.device("cpu") and parse_device("CPU") == torch.device("cpu")
+    with pytest.raises(EyasError, match="not a device"):
+        parse_device("gpu0")
+    with pytest.raises(EyasError, match="cpu or cuda"):
+        parse_device("meta")
+
+
+def test_a_target_too_large_for_memory_is_refused_before_loading(sharded, monkeypatch):
+    import eyas.devices as devices
+
+    monkeypatch.setattr(devices, "free_bytes", lambda device: 1000)
+    monkeypatch.setattr("eyas.target.free_bytes", lambda device: 1000)
+    with pytest.raises(EyasError, match=r"target .* in fp32 needs about .* KiB of weights.* free memory is 1.0 KiB"):
+        Target.load(sharded[0])
+
+
+def test_a_draft_too_large_for_memory_is_refused_before_reading(sharded, monkeypatch, capsys):
+    import eyas.devices as devices
+
+    folder, shards, draft = sharded
+    monkeypatch.setattr(devices, "free_bytes", lambda device: 1000)
+    assert main(["eval", str(draft), "--data", str(shards), "--target", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: draft {draft} in bf16 needs about") and "free memory" in err
+
+
+# --- other trainers' caches: the same verdict as eyas's own capture --------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain(tiny, tmp_path_factory):
+    """The tiny target (one file) and eyas's capture of it at LAYERS (test_evaluate's), the rows of that
+    capture, and a random draft for it."""
+    from eyas.data import open_shards
+
+    folder, shards = tiny
+    rows = [(s["input_ids"], s["loss_mask"].long()) for s in open_shards(shards)]
+    draft = tmp_path_factory.mktemp("plain-draft") / "d"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", ",".join(map(str, LAYERS))]) == 0
+    return folder, shards, rows, draft
+
+
+def _eval(draft, data, folder, capsys, *extra) -> dict:
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(data), "--target", str(folder), "--json", "--depth", "4",
+                 "--dtype", "fp32", "--no-progress", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_a_foreign_cache_gives_the_acceptance_of_eyas_own_capture(plain, tmp_path, capsys, fmt):
+    import cache_writers
+
+    folder, shards, rows, draft = plain
+    model = Target.load(folder).model
+    out = tmp_path / fmt
+    N = model.config.num_hidden_layers
+    if fmt == "specforge":  # SpecForge ids are "output of layer k": capture index k + 1
+        cache_writers.write_specforge(model, rows, out, layer_ids=[k - 1 for k in LAYERS], batch_size=1)
+    else:  # vLLM ids are capture indices, plus N (the pre-norm last state)
+        cache_writers.write_speculators(model, rows, out, layer_ids=[*LAYERS, N])
+    ours, theirs = _eval(draft, shards, folder, capsys), _eval(draft, out, folder, capsys)  # fp32 both
+    assert theirs["data"]["format"] == fmt and theirs["data"]["verdict"] == "target"
+    assert theirs["tokens"] == ours["tokens"]
+    assert theirs["acceptance_by_depth"] == pytest.approx(ours["acceptance_by_depth"], nan_ok=True)
+    assert theirs["tau_chain"] == pytest.approx(ours["tau_chain"])
+    assert "model.norm.weight" in theirs["cost"]["target_tensors_read"]
+
+
+def test_a_cache_without_the_last_state_is_judged_by_its_tokens_and_says_so(plain, tmp_path, capsys):
+    import cache_writers
+
+    folder, shards, rows, draft = plain
+    dump = tmp_path / "dump.safetensors"
+    from eyas.data import open_shards
+
+    first = next(iter(open_shards(shards)))
+    cache_writers.write_dump(dump, first["input_ids"], first["features"])
+    rep = _eval(draft, dump, folder, capsys, "--data-format", "eyas-dump")
+    assert rep["data"]["verdict"] == "stored tokens" and rep["tokens"] > 0
+    assert "lm_head.weight" not in rep["cost"]["target_tensors_read"]
+
+
+def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path, capsys):
+    import cache_writers
+
+    folder, shards, rows, _ = plain
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,3"]) == 0
+    cache = tmp_path / "cache"
+    # SpecForge ids [1, 2, 3] are outputs of layers 1..3 = capture [2, 3, 4]: one layer deeper than the draft reads
+    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=[1, 2, 3])
+    capsys.readouterr()
+    assert main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--json",
+                 "--no-progress"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["findings"][0]["fault"] == "capture_layers"
+    assert rep["cache"]["format"] == "specforge" and not rep["cache"]["layers_recorded"]
+    assert [c["layer"] for c in rep["dump"]["chunks"]] == [2, 3, 4]
+    assert any("does not record its layers" in n for n in rep["notes"])
+
+
+def test_eval_dtype_auto_is_bf16_only_where_the_cpu_multiplies_it(monkeypatch):
+    import eyas.evaluate as ev
+
+    monkeypatch.setattr(ev, "bf16_dot_products", lambda: False)  # an AVX2-only CPU
+    assert ev.eval_dtype("auto", None) == torch.float32 and ev.eval_dtype("auto", "cuda") == torch.bfloat16
+    monkeypatch.setattr(ev, "bf16_dot_products", lambda: True)  # avx512_bf16 / AMX
+    assert ev.eval_dtype("auto", "cpu") == torch.bfloat16
+    assert ev.eval_dtype("fp32", None) == torch.float32

@@ -1,0 +1,109 @@
+"""Ctrl-C (SIGINT) and SIGTERM during `eyas capture` and `eyas train` (eyas.interrupt).
+
+Each run is a real `python -m eyas` process on a tiny random target; the signal is sent once the
+run is visibly mid-way (a shard or some steps written). The process must exit 130 / 143 with one
+`interrupted by ...` line saying how to resume, no traceback and no temp files, and the resumed
+runs must end exactly where one uninterrupted run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_data import WORDS, save_tiny_target
+from test_train import captured, config, draft_tensors, env, flags, log_records, target_dir  # noqa: F401
+
+from eyas.cli import main
+from eyas.train import TrainConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+PYTHON = sys.executable
+
+
+def run_until(argv: list[str], ready, sig: int, timeout: float = 300) -> tuple[int, str]:
+    """Start `python -m eyas ARGV`, send `sig` once `ready()` holds; (exit code, stderr)."""
+    proc = subprocess.Popen([PYTHON, "-m", "eyas", *argv], env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while proc.poll() is None and not ready() and time.monotonic() - t0 < timeout:
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def assert_interrupted(code: int, err: str, sig: int, resume: str) -> None:
+    assert code == 128 + sig, f"exit {code}\n{err[-3000:]}"
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("interrupted by")]
+    assert len(lines) == 1 and signal.Signals(sig).name in lines[0] and resume in lines[0], err[-3000:]
+
+
+def no_temp_files(folder: Path) -> None:
+    left = [p.name for p in folder.rglob(".*")]
+    assert not left, f"temp files left behind: {left}"
+
+
+def test_capture_interrupted_twice_resumes_to_the_uninterrupted_shards(tmp_path):
+    target = save_tiny_target(tmp_path / "target")
+    rnd = random.Random(0)
+    prompts = tmp_path / "prompts.txt"  # 5 shards of 64 prompts: long enough to stop mid-way
+    prompts.write_text("".join(" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(2, 6))) + "\n"
+                               for _ in range(320)))
+
+    def argv(out: Path) -> list[str]:
+        return ["capture", "--prompts", str(prompts), "--out", str(out), "--target", str(target), "--batch-size", "64",
+                "--max-new-tokens", "24", "--dtype", "fp32", "--capture-layers", "1,2,4", "--no-progress"]
+
+    out = tmp_path / "interrupted"
+    code, err = run_until(argv(out), lambda: (out / "shard_00000.safetensors").exists(), signal.SIGINT)
+    assert_interrupted(code, err, signal.SIGINT, "rerun the same `eyas capture` command to resume")
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    code, err = run_until(argv(out), lambda: (out / "shard_00002.safetensors").exists(), signal.SIGTERM)
+    assert_interrupted(code, err, signal.SIGTERM, "rerun the same `eyas capture` command to resume")
+    no_temp_files(out)
+    assert subprocess.run([PYTHON, "-m", "eyas", *argv(out)], env=env(), capture_output=True).returncode == 0
+
+    whole = tmp_path / "whole"
+    assert main(argv(whole)) == 0
+    a, b = json.loads((whole / "manifest.json").read_text()), json.loads((out / "manifest.json").read_text())
+    assert a == b and a["complete"] and len(a["shards"]) == 5
+    for entry in a["shards"]:
+        x, y = load_file(whole / entry["file"]), load_file(out / entry["file"])
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), entry["file"]
+
+
+def test_train_interrupted_twice_resumes_to_the_uninterrupted_weights(target_dir, captured, tmp_path):  # noqa: F811
+    c = config(captured, tmp_path / "interrupted", target_dir, epochs=20, max_steps=60, save_every=50)
+    log = tmp_path / "interrupted" / "train_log.jsonl"
+
+    def steps() -> int:
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    code, err = run_until(["train", *flags(c)], lambda: steps() >= 5, signal.SIGINT)
+    assert_interrupted(code, err, signal.SIGINT, "with --resume")
+    saved = sorted(p.name for p in (tmp_path / "interrupted" / "checkpoints").glob("step_*.pt"))
+    assert saved and saved[-1] != "step_00000050.pt" and saved[-1] in err  # the step it stopped at, named
+    resume = [*flags(TrainConfig(**{**vars(c), "resume": True}))]
+    code, err = run_until(["train", *resume], lambda: steps() >= 25, signal.SIGTERM)
+    assert_interrupted(code, err, signal.SIGTERM, "with --resume")
+    no_temp_files(tmp_path / "interrupted")
+    done = subprocess.run([PYTHON, "-m", "eyas", "train", *resume], env=env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    from eyas.train import train
+
+    whole = train(config(captured, tmp_path / "whole", target_dir, epochs=20, max_steps=60, save_every=50))
+    assert whole["steps"] == 60
+    a, b = draft_tensors(tmp_path / "whole"), draft_tensors(tmp_path / "interrupted")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in log_records(tmp_path / "interrupted")] == list(range(1, 61))
