@@ -15,6 +15,7 @@ folder with config.json is that folder; the folder's `config.json` stands for th
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,10 @@ class TargetRef:
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
     read: list[str] = field(default_factory=list, compare=False, repr=False)  # tensors read, in order
+    # tensors read and still in use somewhere (a tied lm_head is the embeddings the draft already got):
+    # asked again, they are not read again; held weakly, so the ref keeps nothing alive
+    _alive: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, compare=False,
+                                                repr=False)
 
     @classmethod
     def resolve(cls, spec: str | Path | TargetRef | None = None, *, weights: bool = True,
@@ -139,8 +144,12 @@ class TargetRef:
         on_disk = {n: HF_NAMES.get(n, n) for n in names}
         if "lm_head.weight" in names and self.tied_embeddings():
             on_disk["lm_head.weight"] = HF_NAMES["embed_tokens.weight"]
-        found = read_tensors(self.folder, set(on_disk.values()))
-        self.read.extend(sorted(found))
+        found = {hf: self._alive[hf] for hf in set(on_disk.values()) if hf in self._alive}
+        missing = set(on_disk.values()) - set(found)
+        fresh = read_tensors(self.folder, missing) if missing else {}
+        self.read.extend(sorted(fresh))
+        self._alive.update(fresh)
+        found.update(fresh)
         return {n: found[hf] for n, hf in on_disk.items()}
 
     def embeddings(self) -> Tensor:
