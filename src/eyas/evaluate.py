@@ -19,6 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -312,7 +313,8 @@ def evaluate(
     report["drafter"] = str(resolve_drafter(drafter_path, ref))
     report["target"] = str(ref.path)
     report["capture_layers"] = list(layers)
-    report["data"] = {"format": info.format, "path": str(info.path), "layers": info.layers_note,
+    where = str(info.path) if info.path != Path(tmp) else f"captured now from {prompts or 'mtbench'}"
+    report["data"] = {"format": info.format, "path": where, "layers": info.layers_note,
                       "layers_recorded": info.layers_recorded, "answers": info.answers_note,
                       "verdict": FROM_HEAD if head is not None else FROM_TOKENS}
     report["cost"] = {"device": str(ref.device), "dtype": str(dtype).removeprefix("torch."),

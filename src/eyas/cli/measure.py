@@ -68,7 +68,7 @@ def format_eval(rep: dict[str, Any]) -> str:
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
     data, cost = rep["data"], rep["cost"]
-    lines.append(f"data: {data['format']} cache {data['path']}; {data['layers']}")
+    lines.append(f"data: {data['format']} features, {data['path']}; {data['layers']}")
     lines.append(f"verdict: {describe(data['verdict'])}; answers: {data['answers']}")
     rate = "-" if cost["positions_per_s"] is None else f"{cost['positions_per_s']:.0f}"
     lines.append(f"cost: {cost['seconds']:.1f} s on {cost['device']} ({cost['dtype']}), {rate} positions/s measured; "
