@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from typing import Any
 
@@ -67,6 +68,9 @@ def format_eval(rep: dict[str, Any]) -> str:
         lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
+    if any(math.isnan(t) for t in rep["tau_chain"].values()):
+        lines.append("tau is nan where no chain start stays on the target's greedy path long enough: the stored "
+                     "answers are not the target's greedy ones (regenerate them, e.g. eyas capture) or are too short")
     data, cost = rep["data"], rep["cost"]
     lines.append(f"data: {data['format']} features, {data['path']}; {data['layers']}")
     lines.append(f"verdict: {describe(data['verdict'])}; answers: {data['answers']}")
