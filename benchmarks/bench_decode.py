@@ -21,7 +21,8 @@ import torch
 
 from eyas.bench import format_bench, run_bench
 from eyas.drafter_loading import resolve_drafter
-from eyas.dtype_choice import AUTO, DECODE_DTYPES
+from eyas.dtype_choice import DECODE_DTYPES
+from eyas.dtypes import AUTO
 from eyas.dtypes import choices
 from eyas.generate import NGRAM_TOKENS
 

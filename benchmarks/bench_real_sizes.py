@@ -59,8 +59,9 @@ def bytes_per_token(hidden: int, slots: int = 3, itemsize: int = 2) -> int:
 def build(shape: str, root: Path, samples: int, tokens: int) -> tuple[Path, Path, Path]:
     """The draft (random, bf16, speculators format), the target stand-in and a SpecForge cache."""
     from cache_writers import write_specforge_records
+    from conftest import random_tensors
 
-    from eyas.contract import DraftContract, Verifier, default_capture_layers, expected_shapes
+    from eyas.contract import DraftContract, Verifier, default_capture_layers
     from eyas.formats import write_checkpoint
     from eyas.weights import write_tensors
 
@@ -71,14 +72,7 @@ def build(shape: str, root: Path, samples: int, tokens: int) -> tuple[Path, Path
                              has_vocab_map=True, verifier=Verifier(name_or_path=f"stand-in/{shape}",
                              architectures=("LlamaForCausalLM",), num_hidden_layers=N, hidden_size=H, vocab_size=V))
     g = torch.Generator().manual_seed(0)
-    tensors = {}
-    for name, size in expected_shapes(contract).items():
-        if name == "d2t":
-            used = torch.randperm(V, generator=g)[: dims["draft_vocab_size"]].sort().values
-            tensors["d2t"], tensors["t2d"] = used - torch.arange(len(used)), torch.zeros(V, dtype=torch.bool)
-            tensors["t2d"][used] = True
-        elif name != "t2d":
-            tensors[name] = (1.0 if "norm" in name else 0.02) * torch.randn(size, generator=g, dtype=torch.bfloat16)
+    tensors = random_tensors(contract, dtype=torch.bfloat16)
     draft = root / shape / "draft"
     if not (draft / "config.json").is_file():
         write_checkpoint(draft, contract, tensors, "speculators")

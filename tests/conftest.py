@@ -58,8 +58,9 @@ def tiny_contract(**overrides) -> DraftContract:
     return DraftContract(**base)
 
 
-def random_tensors(c: DraftContract, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random fp32 weights with every shape the contract expects, and a valid vocab map."""
+def random_tensors(c: DraftContract, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Random weights (fp32, or `dtype` drawn directly: a real-size draft in bf16 never exists in fp32)
+    with every shape the contract expects, and a valid vocab map."""
     g = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name, shape in expected_shapes(c).items():
@@ -72,7 +73,7 @@ def random_tensors(c: DraftContract, seed: int = 0) -> dict[str, torch.Tensor]:
         elif name == "t2d":
             continue
         elif "norm" in name:
-            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=dtype)
         else:
-            out[name] = 0.05 * torch.randn(shape, generator=g)
+            out[name] = 0.05 * torch.randn(shape, generator=g, dtype=dtype)
     return out

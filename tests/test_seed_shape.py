@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from cache_writers import write_specforge_records
+from conftest import random_tensors
 from eyas.cli import main
-from eyas.contract import DraftContract, Verifier, expected_shapes
+from eyas.contract import DraftContract, Verifier
 from eyas.formats import speculators_config, write_checkpoint
 from eyas.weights import write_tensors
 
@@ -43,14 +44,7 @@ def seed(tmp_path_factory):
     root = tmp_path_factory.mktemp("seed")
     g = torch.Generator().manual_seed(0)
     c = _contract()
-    tensors = {}
-    for name, shape in expected_shapes(c).items():
-        if name == "d2t":
-            used = torch.randperm(V, generator=g)[:DRAFT_V].sort().values
-            tensors["d2t"], tensors["t2d"] = used - torch.arange(DRAFT_V), torch.zeros(V, dtype=torch.bool)
-            tensors["t2d"][used] = True
-        elif name != "t2d":
-            tensors[name] = (1.0 if "norm" in name else 0.02) * torch.randn(shape, generator=g, dtype=torch.bfloat16)
+    tensors = random_tensors(c, dtype=torch.bfloat16)
     draft = write_checkpoint(root / "draft", c, tensors, "eagle")
     # the seed's folder: config_speculators.json as speculators writes it, config.json (flat) with its
     # nested ids one layer off
@@ -117,3 +111,12 @@ def test_eval_runs_at_the_real_width_and_reports_its_cost(seed, capsys):
     cost = rep["cost"]
     assert cost["device"] == "cpu" and cost["positions_per_s"] > 0
     assert sorted(cost["target_tensors_read"]) == ["lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"]
+
+
+def test_doctor_without_features_or_the_full_target_reports_statically(seed, capsys):
+    draft, target, _ = seed
+    capsys.readouterr()
+    assert main(["doctor", str(draft), "--target", str(target), "--json", "--no-progress"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["cache"] is None and rep["cache_measured"] is None and rep["measured"] is None
+    assert any(n.startswith("not measured: the target's weights are not all in") for n in rep["notes"])

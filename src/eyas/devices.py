@@ -43,6 +43,11 @@ def parse_device(spec: str | torch.device | None) -> torch.device:
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
 
 
+def on_gpu(device: str | torch.device | None) -> bool:
+    """Whether `device` (None: cpu) is a GPU."""
+    return device is not None and torch.device(device).type == "cuda"
+
+
 def free_bytes(device: torch.device) -> int:
     """Memory free on `device` now: MemAvailable for the CPU, the driver's free bytes for a GPU."""
     if device.type == "cuda":

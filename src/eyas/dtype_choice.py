@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from eyas.decode import target_forward_ms
-from eyas.dtypes import short_name, to_dtype
+from eyas.devices import on_gpu
+from eyas.dtypes import AUTO, is_auto, short_name, to_dtype
 from eyas.machine import machine_key, read_measured, save_measured
 from eyas.target import Target, target_name
 
-AUTO = "auto"
 DECODE_DTYPES = (torch.bfloat16, torch.float32)  # what `eyas generate` and `eyas bench` decode in
 PROBE_SIZES = (1, 5, 17)  # new tokens per forward: plain decoding, a chain of 4, a tree of 16 (+ the root)
 HF_SIZES = {"hf_greedy": (1,), "hf_prompt_lookup": (1, 11)}  # transformers' forwards each baseline runs
@@ -41,7 +41,7 @@ TYPICAL_TAU = {1: 1.0, 5: 2.0, 17: 2.4}
 
 def per_token_ms(forward_ms: dict) -> float:
     """The cheapest per-token cost of decoding with these forward times ({new tokens: ms})."""
-    return min(ms / TYPICAL_TAU.get(int(n), 1.0 if int(n) == 1 else 2.0) for n, ms in forward_ms.items())
+    return min(ms / TYPICAL_TAU.get(int(n), 2.0) for n, ms in forward_ms.items())
 
 
 def _key(target: str | Path | None) -> list:
@@ -72,7 +72,7 @@ def resolve_dtype(dtype: str | torch.dtype, target: str | Path | None,
     about it)."""
     if not is_auto(dtype):
         return to_dtype(dtype, DECODE_DTYPES), "given"
-    if device is not None and torch.device(device).type == "cuda":
+    if on_gpu(device):
         return torch.bfloat16, "GPU"
     entry, source = _measured(target)
     return to_dtype(entry["dtype"]), source
@@ -85,10 +85,6 @@ def hf_dtypes(dtype: str | torch.dtype, target: str | Path | None) -> dict[str, 
         return {m: (to_dtype(dtype, DECODE_DTYPES), "given") for m in HF_SIZES}
     entry, source = _measured(target)
     return {m: (to_dtype(entry["hf_dtypes"][m]), source) for m in HF_SIZES}
-
-
-def is_auto(dtype: str | torch.dtype) -> bool:
-    return isinstance(dtype, str) and dtype.lower() == AUTO
 
 
 def _measured(target: str | Path | None) -> tuple[dict, str]:

@@ -18,6 +18,7 @@ _NAMES = {
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
 }
 CHOICES = tuple(_NAMES)  # what argparse accepts for a --dtype flag
+AUTO = "auto"  # generate, bench and eval: a dtype chosen for this machine (eyas.dtype_choice, eyas.evaluate)
 
 
 def choices(allowed: tuple[torch.dtype, ...]) -> tuple[str, ...]:
@@ -32,6 +33,10 @@ def to_dtype(dtype: str | torch.dtype, allowed: tuple[torch.dtype, ...] = tuple(
         names = " or ".join(f"{SHORT[a]} ({str(a).removeprefix('torch.')})" for a in allowed)
         raise EyasError(f"dtype {dtype!r} is not supported here", f"use {names}")
     return d
+
+
+def is_auto(dtype: str | torch.dtype) -> bool:
+    return isinstance(dtype, str) and dtype.lower() == AUTO
 
 
 def short_name(dtype: str | torch.dtype) -> str:

@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import TYPE_CHECKING
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from eyas.contract import default_capture_layers
-from eyas.data import MANIFEST, capture, open_shards, read_prompts
+from eyas.data import MANIFEST, capture, read_prompts
+from eyas.data.shards import check_target
 from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
-from eyas.dtypes import to_dtype
+from eyas.devices import on_gpu
+from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
 from eyas.machine import bf16_dot_products
 from eyas.shift import label_ids, shift_for_draft
@@ -261,7 +263,7 @@ def evaluate(
     depth: int = 8,
     tree_top_k: int = 4,
     tree_depth: int = 5,
-    dtype: str | torch.dtype = "auto",
+    dtype: str | torch.dtype = AUTO,
     device: str | torch.device | None = None,
     layer_convention: str | None = None,
     progress: bool = True,
@@ -295,8 +297,8 @@ def evaluate(
             data, data_format = tmp, "eyas"
         cache = open_cache(data, format=data_format, num_layers=ref.num_layers)
         info = cache.info
-        if info.format == "eyas":
-            open_shards(data, expect_target=ref.name)  # a capture from another target is refused
+        if info.format == "eyas":  # a capture from another target is refused
+            check_target(cache.data.manifest, info.path / MANIFEST, ref.name)
         check_cache_fits(info, ref.hidden_size, ref.name)
         _check_layers(info, tuple(layers), config)
         _specforge_note(info, config)
@@ -328,10 +330,9 @@ def eval_dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> t
     """`dtype`, or for "auto" bf16 on a GPU or a CPU with bf16 dot products (avx512_bf16, AMX, Arm
     bf16) and fp32 elsewhere: on an AVX2-only CPU bf16 products are emulated and eval runs about 3.5x
     slower in bf16 than in fp32 (benchmarks/README.md, bench_eval.py)."""
-    if not (isinstance(dtype, str) and dtype.lower() == "auto"):
+    if not is_auto(dtype):
         return to_dtype(dtype, (torch.bfloat16, torch.float32))
-    on_gpu = device is not None and torch.device(str(device)).type == "cuda"
-    return torch.bfloat16 if on_gpu or bf16_dot_products() else torch.float32
+    return torch.bfloat16 if on_gpu(device) or bf16_dot_products() else torch.float32
 
 
 def _specforge_note(info: CacheInfo, config) -> None:

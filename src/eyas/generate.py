@@ -24,6 +24,7 @@ from eyas.drafter import Drafter
 from eyas.drafter_loading import load_drafter
 from eyas.dtype_choice import DECODE_DTYPES, resolve_dtype
 from eyas.dtypes import short_name
+from eyas.errors import EyasError
 from eyas.target import Target, TargetRef
 
 __all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "TextStream", "chat_ids", "choose_shape",
@@ -97,7 +98,6 @@ def measure_shape(target: Target, draft: Drafter, drafter: str | Path, dtype: to
     question fits the target's context (nothing measured)."""
     from eyas.bench.prompts import bench_prompts
     from eyas.bench.sweep import QUICK_PROMPTS, QUICK_TOKENS, quick_sweep
-    from eyas.errors import EyasError
 
     try:
         items = bench_prompts("mtbench", limit=QUICK_PROMPTS)

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from eyas.contract import DraftContract, check_capture_layers
 from eyas.embedded import DEFAULT_SPECS, EMBEDDED_DIR, EMBEDDED_NAME, cache_dir, embedded_default_dir
-from eyas.devices import RUN_OVERHEAD, free_bytes, gib
+from eyas.devices import RUN_OVERHEAD, check_fits_memory, free_bytes, gib
+from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.target_ref import (
     TargetRef,
@@ -170,13 +171,14 @@ def _placement(ref: TargetRef, asked: str | torch.device | None) -> dict:
     over all of them, refused when even their sum is too small.
     """
     gpus = torch.cuda.device_count() if ref.device.type == "cuda" else 0
-    need = int(ref.weight_bytes() * RUN_OVERHEAD)
-    if gpus < 2 or (asked is not None and ":" in str(asked)) or need <= free_bytes(ref.device):
-        ref.check_fits()
+    weights = ref.weight_bytes()
+    what = f"target {ref.name} in {short_name(ref.dtype)}"
+    if gpus < 2 or (asked is not None and ":" in str(asked)) or weights * RUN_OVERHEAD <= free_bytes(ref.device):
+        check_fits_memory(weights, ref.device, what)
         return {}
     total = sum(free_bytes(torch.device("cuda", i)) for i in range(gpus))
-    if need > total:
-        raise EyasError(f"target {ref.name} needs about {gib(need)} in {ref.dtype} but the {gpus} GPUs have "
+    if weights * RUN_OVERHEAD > total:
+        raise EyasError(f"{what} needs about {gib(weights * RUN_OVERHEAD)} but the {gpus} GPUs have "
                         f"{gib(total)} free together",
                         "use --dtype bf16, more GPUs, or evaluate from a feature cache (eyas eval --data)")
     return {"device_map": "auto"}

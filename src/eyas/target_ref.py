@@ -24,8 +24,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from eyas.devices import check_fits_memory, parse_device
-from eyas.dtypes import short_name
+from eyas.devices import parse_device
 from eyas.embedded import DEFAULT_SPECS, EMBEDDED_NAME, embedded_default_dir
 from eyas.errors import FormatError
 from eyas.weights import find_weights, read_tensors, weight_bytes
@@ -182,9 +181,6 @@ class TargetRef:
         """The weights' size once loaded in `dtype` (default: this ref's), from the files' headers."""
         return weight_bytes(self.folder, dtype or self.dtype)
 
-    def check_fits(self, dtype: torch.dtype | None = None) -> None:
-        """Refuse to load the whole target where it would not fit (sizes named), before loading."""
-        check_fits_memory(self.weight_bytes(dtype), self.device, f"target {self.name} in {short_name(dtype or self.dtype)}")
 
 
 def _tensor_names(folder: Path) -> set[str]:

@@ -24,7 +24,9 @@ from eyas.bench.timing import (
 from eyas.data import eos_ids
 from eyas.decode import DEFAULT_DRAFT_TOKENS
 from eyas.draft_shape import parse_tree, read_best_shape
-from eyas.dtype_choice import AUTO, DECODE_DTYPES, hf_dtypes, is_auto, resolve_dtype
+from eyas.devices import on_gpu
+from eyas.dtype_choice import DECODE_DTYPES, hf_dtypes, resolve_dtype
+from eyas.dtypes import AUTO, is_auto
 from eyas.dtypes import short_name, to_dtype
 from eyas.errors import EyasError
 from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, measure_shape
@@ -74,9 +76,8 @@ def run_bench(
         raise EyasError(f"draft_tokens={draft_tokens}: a chain needs at least 1 draft token", "e.g. --draft-tokens 4")
     items = bench_prompts(prompts, limit=limit)  # a bad prompt file fails before any model loads
     dtype, dtype_source = resolve_dtype(dtype, target, device)
-    on_gpu = device is not None and torch.device(device).type == "cuda"
     # each Hugging Face baseline in its own fastest dtype here (on a GPU: the one eyas decodes in)
-    baseline_dtypes = hf_dtypes(dtype if on_gpu else asked, target)
+    baseline_dtypes = hf_dtypes(dtype if on_gpu(device) else asked, target)
     target_model, draft = load_models(drafter, target, dtype, layer_convention, device)
     hf_models = {d: target_model if d == dtype else Target.load(target, dtype=d, device=device)
                  for d, _ in baseline_dtypes.values()}

@@ -29,7 +29,7 @@ from eyas.cli.doctor import cmd_doctor
 from eyas.cli.engines import cmd_serve_check
 from eyas.cli.examples import EXAMPLES
 from eyas.cli.measure import cmd_capture, cmd_eval, cmd_train
-from eyas.dtypes import choices
+from eyas.dtypes import AUTO, choices
 from eyas.formats import FORMATS, LAYER_CONVENTIONS
 from eyas.train import add_arguments as add_train_arguments
 
@@ -38,7 +38,6 @@ WRITE_FORMATS = (*FORMATS, "both")
 CACHE_FORMATS = ("eyas", "eyas-dump", "specforge", "speculators", "speculators-legacy", "modelopt")
 # capture, eval, generate and bench run in bf16 or fp32; every spelling of those two is accepted
 RUN_DTYPE_CHOICES = choices((torch.bfloat16, torch.float32))
-AUTO_DTYPE = "auto"  # generate and bench: eyas.dtype_choice.AUTO (not imported: it loads the target's code)
 DEFAULT_TARGET = "the embedded SmolLM2-135M-Instruct"
 
 # --- shared flags -------------------------------------------------------------------------------
@@ -88,7 +87,7 @@ def add_reading(p: argparse.ArgumentParser, *, progress: bool, what: str = "the 
 def add_dtype(p: argparse.ArgumentParser, what: str, *, auto: str | None = None) -> None:
     """`--dtype`; `auto` (generate, bench, eval) says what "auto", then the default, picks."""
     if auto:
-        p.add_argument("--dtype", choices=(AUTO_DTYPE, *RUN_DTYPE_CHOICES), default=AUTO_DTYPE,
+        p.add_argument("--dtype", choices=(AUTO, *RUN_DTYPE_CHOICES), default=AUTO,
                        help=f"{what}: auto = {auto} (default: auto)")
     else:
         p.add_argument("--dtype", choices=RUN_DTYPE_CHOICES, default="bf16", help=f"{what} (default: bf16)")

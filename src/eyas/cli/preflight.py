@@ -107,14 +107,14 @@ def capture_folder(path: str | Path, flag: str, data_format: str | None = None) 
     from eyas.data.shards import MANIFEST, check_capture
 
     path = existing(path, flag)
-    if data_format in (None, "eyas") and (path / MANIFEST).is_file() or data_format == "eyas":
+    if data_format == "eyas" or data_format is None and (path / MANIFEST).is_file():
         check_capture(path)
 
 
 def dump_file(path: str | Path, target: str | None) -> None:
     """An engine dump read in full: its shapes and numbers, and (with --target) its ids and width
     against that target's config (the embedded default's are checked once it is loaded)."""
-    from eyas.doctor.dumps import read_dump
+    from eyas.data.dumps import read_dump
     from eyas.target import DEFAULT_SPECS, TargetRef
 
     vocab = hidden = None

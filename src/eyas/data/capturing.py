@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import nullcontext
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 

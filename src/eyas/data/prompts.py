@@ -152,12 +152,8 @@ def packaged_file(name: str) -> Path:
 
 
 def _take(prompts: Iterator[Prompt], limit: int | None) -> list[Prompt]:
-    out = []
-    for p in prompts:
-        if limit is not None and len(out) >= limit:
-            break
-        out.append(p)
-    return out
+    """The first `limit` prompts (all when None), pulling no more than that from the iterator."""
+    return list(prompts) if limit is None else [p for _, p in zip(range(limit), prompts)]
 
 
 def _prompts_from_records(records, name: str, source: str, *, strict: bool) -> Iterator[Prompt]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from eyas.atomic import write_text
 from eyas.data.capturing import _generate, eos_ids
 from eyas.data.prompts import Prompt
 from eyas.data.sources import eval_index, text_key, words
@@ -85,10 +86,10 @@ def check_sizes(count: int, batch_size: int, max_new_tokens: int) -> None:
 
 
 def save_prompts(prompts: list[Prompt], path: Path, **meta: Any) -> None:
-    """JSON lines `{"prompt", "id", ...meta}`, the format `read_prompts` (and `eyas capture --prompts`) reads."""
-    with open(path, "w", encoding="utf-8") as f:
-        for p in prompts:
-            f.write(json.dumps({"prompt": p.text, "id": p.origin, **meta}, ensure_ascii=False) + "\n")
+    """JSON lines `{"prompt", "id", ...meta}`, the format `read_prompts` (and `eyas capture --prompts`) reads;
+    written atomically (eyas.atomic)."""
+    write_text(path, "".join(json.dumps({"prompt": p.text, "id": p.origin, **meta}, ensure_ascii=False) + "\n"
+                             for p in prompts))
 
 
 # --- command line: python -m eyas.data.self_written ----------------------------------------------

@@ -169,6 +169,15 @@ class CapturedData:
                        "prompt_index": int(t["prompt_index"][i])}
 
 
+def check_target(manifest: dict, where: Path, want: str) -> None:
+    """A capture from another target is refused, naming both."""
+    if manifest["target"]["name"] != want:
+        raise ContractError(
+            f"{where}: captured from target {manifest['target']['name']!r}, not {want!r}",
+            "capture features with the target you train/evaluate against",
+        )
+
+
 def open_shards(
     folder: str | Path,
     *,
@@ -187,12 +196,7 @@ def open_shards(
     manifest = read_manifest(folder)
     where = folder / MANIFEST
     if expect_target is not None:
-        want = getattr(expect_target, "name", expect_target)
-        if manifest["target"]["name"] != want:
-            raise ContractError(
-                f"{where}: captured from target {manifest['target']['name']!r}, not {want!r}",
-                "capture features with the target you train/evaluate against",
-            )
+        check_target(manifest, where, getattr(expect_target, "name", expect_target))
     if expect_capture_layers is not None and list(expect_capture_layers) != manifest["capture_layers"]:
         raise ContractError(
             f"{where}: captured at layers {manifest['capture_layers']}, the draft reads {list(expect_capture_layers)}",

@@ -25,6 +25,7 @@ source (by the same normalised hash) are dropped too. `cleaning_report` counts w
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import importlib.metadata
@@ -36,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.data.prompts import SOURCES, Prompt, json_records, packaged_file, read_prompts
+from eyas.data.prompts import SOURCES, Prompt, _take, json_records, packaged_file, read_prompts
 from eyas.errors import EyasError
 
 NGRAM = 13  # words shared with an evaluation text that make a near-duplicate (GPT-3's test)
@@ -105,9 +106,8 @@ def eval_texts() -> list[tuple[str, str]]:
     cannot read, and installing the package later would measure on contaminated data.
     """
     out = []
-    with open(packaged_file("mtbench"), encoding="utf-8") as f:
-        for rec in (json.loads(line) for line in f if line.strip()):
-            out += [(f"mtbench {rec['question_id']} turn {j + 1}", t) for j, t in enumerate(rec["turns"])]
+    for _, rec in json_records(packaged_file("mtbench"), allow_truncated=False):
+        out += [(f"mtbench {rec['question_id']} turn {j + 1}", t) for j, t in enumerate(rec["turns"])]
     copy = Path(str(importlib.resources.files("eyas") / "prompts" / "copy_heavy.jsonl"))
     out += [(f"copy line {n}", rec["prompt"]) for n, rec in json_records(copy, allow_truncated=False)]
     with gzip.open(_humaneval_file(), "rt", encoding="utf-8") as f:
@@ -128,15 +128,11 @@ def _humaneval_file() -> Path:
     return path
 
 
-_INDEX: list[EvalIndex] = []  # built once per process
-
-
+@functools.cache
 def eval_index() -> EvalIndex:
     """The index of every evaluation set, built once per process (each source and the self-written
     prompts check against the same one; building it reads three packages)."""
-    if not _INDEX:
-        _INDEX.append(EvalIndex.build(eval_texts()))
-    return _INDEX[0]
+    return EvalIndex.build(eval_texts())
 
 
 def clean(prompts: Iterable[Prompt], index: EvalIndex, counts: dict[str, int] | None = None) -> Iterator[Prompt]:
@@ -189,10 +185,6 @@ def later_turns() -> Iterator[Prompt]:
     for origin, msgs in sharegpt_conversations():
         for j in range(2, len(msgs), 2):  # msgs[j] is user turn j // 2 + 1
             yield Prompt(msgs[j][1], f"{origin} turn {j // 2 + 1}", "sharegpt-turns", history=tuple(msgs[:j]))
-
-
-def _take(prompts: Iterator[Prompt], limit: int | None) -> list[Prompt]:
-    return [p for _, p in zip(range(limit), prompts)] if limit is not None else list(prompts)
 
 
 def read_sharegpt_clean(limit: int | None = None) -> list[Prompt]:

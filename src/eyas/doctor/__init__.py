@@ -35,13 +35,14 @@ Modules, in the order a diagnosis uses them:
 - `configs`: a folder's config files, each measured as the wiring it states.
 - `serving`: engines that would wire the draft worse than its weights fit.
 - `static`: `eyas check` problems and consumer hazards, ranked by their codes.
-- `dumps`: engine dumps, read and matched against the target's states.
+- `dumps`: engine dumps (read by eyas.data.dumps) matched against the target's states.
 - `diagnose`: the entry point. `report`: `format_report`.
 """
 
+from eyas.data.dumps import read_dump
 from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS, Capture, collect
 from eyas.doctor.diagnose import diagnose
-from eyas.doctor.dumps import match_dump, read_dump
+from eyas.doctor.dumps import match_dump
 from eyas.doctor.findings import SLUGS
 from eyas.doctor.measure import Measurer
 from eyas.doctor.report import format_report

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from eyas.data.dumps import MIN_POSITIONS
 from eyas.drafter_loading import load_drafter_and_config
 from eyas.errors import FormatError
 from eyas.evaluate import evaluate_samples
@@ -24,24 +25,28 @@ from eyas.target_ref import TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, describe, judged
 
 if TYPE_CHECKING:
-    from eyas.data.caches import CacheInfo
+    from eyas.data.caches import CacheInfo, FeatureCache
 
-MIN_POSITIONS = 4  # the dump matcher compares shifts t-1, t, t+1
 # Acceptance on a cache as stored is `eyas eval --data`'s measurement: in its default dtype, which keeps
 # a DeepSeek-V3-sized draft with the target's embeddings and lm_head under 10 GB.
 EVAL_DTYPE = torch.bfloat16
 
 
-def cache_dump(path: str | Path, data_format: str | None, ref: TargetRef) -> tuple[CacheInfo, tuple[Tensor, Tensor]]:
-    """The cache's description and its first sample as a dump: (input_ids [T], features [T, W] fp32)."""
+def open_for(path: str | Path, data_format: str | None, ref: TargetRef) -> FeatureCache:
+    """The cache at `path`, refused when its states are not the target's width."""
     from eyas.data.caches import open_cache  # the readers load only when a cache is given
 
     cache = open_cache(path, format=data_format, num_layers=ref.num_layers)
     check_cache_fits(cache.info, ref.hidden_size, ref.name)
+    return cache
+
+
+def cache_dump(cache: FeatureCache) -> tuple[Tensor, Tensor]:
+    """The cache's first sample long enough to match, as a dump: (input_ids [T], features [T, W] fp32)."""
     for s in cache:
         if s["input_ids"].shape[0] >= MIN_POSITIONS:
-            return cache.info, (s["input_ids"].long(), s["features"].float())
-    raise FormatError(f"{path}: no sample with {MIN_POSITIONS} or more positions",
+            return s["input_ids"].long(), s["features"].float()
+    raise FormatError(f"{cache.info.path}: no sample with {MIN_POSITIONS} or more positions",
                       "point --features at a cache of real conversations")
 
 
@@ -74,14 +79,13 @@ def cache_notes(info: CacheInfo, at_hand: bool, layers: tuple[int, ...], draft: 
     return notes
 
 
-def measure_on_cache(drafter: Path, path: str | Path, data_format: str | None, ref: TargetRef,
-                     layer_convention: str | None, limit: int) -> dict[str, Any]:
+def measure_on_cache(drafter: Path, cache: FeatureCache, ref: TargetRef, layer_convention: str | None,
+                     limit: int) -> dict[str, Any]:
     """The draft's acceptance on the cache as stored (no alternative wirings: those need the target's
     states at every layer), judged by the target's final norm and lm_head when the cache has the last state."""
-    from eyas.data.caches import PRE_NORM, open_cache
+    from eyas.data.caches import PRE_NORM
 
     model, _ = load_drafter_and_config(drafter, target=ref, layer_convention=layer_convention, dtype=EVAL_DTYPE)
-    cache = open_cache(path, format=data_format, num_layers=ref.num_layers)
     head = ref.head(EVAL_DTYPE) if cache.info.last_hidden else None
     samples = judged(itertools.islice(cache, limit), head, normed=cache.info.last_hidden != PRE_NORM,
                      device=ref.device, vocab_size=ref.vocab_size, where=cache.info.path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -18,10 +18,11 @@ from torch import Tensor
 from eyas.check import CheckReport, check_checkpoint, consumers
 from eyas.codes import slug_of, text_of
 from eyas.contract import DEFAULT_ROPE_THETA
-from eyas.doctor.caches import cache_dump, cache_notes, cache_section, has_model, measure_on_cache
+from eyas.doctor.caches import cache_dump, cache_notes, cache_section, has_model, measure_on_cache, open_for
 from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, capture_tokens, collect
 from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
-from eyas.doctor.dumps import check_dump, dump_section, read_dump
+from eyas.data.dumps import read_dump
+from eyas.doctor.dumps import check_dump, dump_section
 from eyas.doctor.measure import Measurer
 from eyas.doctor.search import search
 from eyas.doctor.serving import serving, serving_wirings
@@ -31,6 +32,9 @@ from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
 from eyas.target import Target
 from eyas.target_ref import TargetRef
+
+if TYPE_CHECKING:
+    from eyas.data.caches import FeatureCache
 
 _TEST = (f"paired per position against the current wiring: Wilcoxon signed-rank tests on the gain in the draft's "
          f"log-probability of the target's token and on the drop in KL(target || draft) over the draft vocabulary "
@@ -92,18 +96,18 @@ def _states(capture: Capture | None, ref: TargetRef, prompts: str | Path | None,
 
 
 def _features(features: str | Path | None, data_format: str | None, ref: TargetRef, report: dict[str, Any],
-              layers: tuple[int, ...], draft: Path) -> tuple[tuple[Tensor, Tensor] | None, bool]:
-    """`--features` read: an engine dump (a file) or a trainer's cache (a folder, described in the
-    report). Returns the dump to match (None without features) and whether the target is at hand."""
-    at_hand = has_model(ref)
+              layers: tuple[int, ...], draft: Path, at_hand: bool
+              ) -> tuple[tuple[Tensor, Tensor] | None, FeatureCache | None]:
+    """`--features` read: an engine dump (a file) or a trainer's cache (a folder, opened once and
+    described in the report). Returns the dump to match (None without features) and the cache."""
     if features is None:
-        return None, at_hand
+        return None, None
     if not Path(features).is_dir():
-        return read_dump(features), at_hand
-    info, dump = cache_dump(features, data_format, ref)
-    report["cache"] = cache_section(info)
-    report["notes"] += cache_notes(info, at_hand, layers, draft)
-    return dump, at_hand
+        return read_dump(features), None
+    cache = open_for(features, data_format, ref)
+    report["cache"] = cache_section(cache.info)
+    report["notes"] += cache_notes(cache.info, at_hand, layers, draft)
+    return cache_dump(cache), cache
 
 
 def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:
@@ -188,13 +192,14 @@ def diagnose(
     report = _skeleton(path, tgt_dir, rep, cons)
     final = contract_wiring(ckpt.contract, ckpt.tensors, ref.num_layers)
     findings: list[dict[str, Any]] = []
-    dump, at_hand = _features(features, data_format, ref, report, final.layers, path)
-    why_not = _cannot_measure(rep, ckpt, tcfg) or (None if at_hand or capture is not None else
-                                                   f"the target's weights are not all in {ref.folder}")
+    at_hand = capture is not None or has_model(ref)
+    dump, cache = _features(features, data_format, ref, report, final.layers, path, at_hand)
+    cannot = _cannot_measure(rep, ckpt, tcfg)
+    why_not = cannot or (None if at_hand else f"the target's weights are not all in {ref.folder}")
     if why_not:
         report["notes"].append(f"not measured: {why_not}")
-        if "cache" in report and ckpt.tensors_loaded and not _cannot_measure(rep, ckpt, tcfg):
-            report["cache_measured"] = measure_on_cache(path, features, data_format, ref, layer_convention, limit)
+        if cache is not None and not cannot:  # the draft runs: measure it on the cache as stored
+            report["cache_measured"] = measure_on_cache(path, cache, ref, layer_convention, limit)
     else:
         cap = _states(capture, ref, prompts, features, dump, limit, max_new_tokens, progress)
         t1 = time.perf_counter()

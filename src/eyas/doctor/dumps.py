@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
 from eyas.contract import default_capture_layers
-from eyas.data.values import check_tensors
+from eyas.data.values import check_ids
 from eyas.doctor.findings import make_finding
 from eyas.doctor.hypotheses import block_fix, config_edits
 from eyas.doctor.measure import Measurer, SkipFcDrafter
@@ -31,53 +30,11 @@ from eyas.target import Target
 MATCH_COSINE = 0.95  # a dump chunk "is" a target state above this cosine and below this relative error
 MATCH_REL_ERROR = 0.3
 DUMP_ORDER = ("fc_skipped", "capture_layers", "concat_order", "normalized_features", "position_shift")
-_HINT = "a dump is a safetensors file with input_ids [T] (int64) and features [T, W]: see docs/engine-dumps.md"
-
-
-def read_dump(path: str | Path, *, vocab_size: int | None = None, hidden_size: int | None = None
-              ) -> tuple[Tensor, Tensor]:
-    """`input_ids` [T] and `features` [T, W] (fp32) from an engine dump (docs/engine-dumps.md).
-
-    vLLM's ExampleHiddenStatesConnector files (`token_ids` [T], `hidden_states` [T, L, H]) are read
-    as they are written: their layers are concatenated in the order vLLM stored them. Every number
-    is checked as it enters (eyas.data.values): features finite, ids >= 0 and, given the target's
-    `vocab_size` and `hidden_size`, inside its vocabulary and a whole number of states wide, so
-    that `eyas doctor` can refuse a bad dump before it loads the target.
-    """
-    path = Path(path)
-    try:
-        with safe_open(path, "pt") as f:
-            t = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for missing or garbled files
-        raise FormatError(f"{path}: not a readable safetensors file ({e})", _HINT) from None
-    if "input_ids" not in t and {"token_ids", "hidden_states"} <= set(t):
-        states = t["hidden_states"]
-        if states.ndim != 3:
-            raise FormatError(f"{path}: hidden_states is {list(states.shape)}; expected [T, L, H]", _HINT)
-        t = {"input_ids": t["token_ids"], "features": states.flatten(1)}  # [T, L, H] -> [T, L*H]
-    missing = sorted({"input_ids", "features"} - set(t))
-    if missing:
-        raise FormatError(f"{path}: no {', '.join(missing)} (found {sorted(t)})", _HINT)
-    ids, feats = t["input_ids"], t["features"]
-    if ids.ndim != 1 or ids.is_floating_point() or ids.dtype == torch.bool or feats.ndim != 2 \
-            or not feats.is_floating_point() or feats.shape[0] != ids.shape[0] or feats.shape[1] == 0:
-        raise FormatError(f"{path}: input_ids is {ids.dtype} {list(ids.shape)} and features {feats.dtype} "
-                          f"{list(feats.shape)}; expected int64 [T] and float [T, W]", _HINT)
-    if ids.shape[0] < 4:
-        raise FormatError(f"{path}: {ids.shape[0]} positions; at least 4 are needed to compare shifts", _HINT)
-    check_tensors(path, t, floats=["features"], ids=["input_ids"], vocab_size=vocab_size,
-                  hint="dump with the target's tokenizer and the target the draft serves (or pass that --target)")
-    if hidden_size is not None and feats.shape[1] % hidden_size:
-        raise FormatError(f"{path}: features are {feats.shape[1]} wide, not a multiple of the target's hidden size "
-                          f"{hidden_size}", "dump the target the draft serves, or pass --target")
-    return ids.long(), feats.float()
-
-
 def check_dump(dump: tuple[Tensor, Tensor], tgt: Target, path: str | Path) -> None:
     """A dump from another target or tokenizer cannot be matched: say so instead of matching noise."""
     ids, feats = dump
-    check_tensors(path, {"input_ids": ids}, ids=["input_ids"], vocab_size=tgt.vocab_size,
-                  hint=f"dump with the tokenizer of {tgt.name}, or pass the --target the dump came from")
+    check_ids(ids, tgt.vocab_size, file=path, key="input_ids",
+              hint=f"dump with the tokenizer of {tgt.name}, or pass the --target the dump came from")
     if feats.shape[1] % tgt.hidden_size:
         raise FormatError(f"{path}: features are {feats.shape[1]} wide, not a multiple of the hidden size "
                           f"{tgt.hidden_size} of {tgt.name}", "dump the target the draft serves, or pass --target")

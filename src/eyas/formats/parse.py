@@ -315,8 +315,9 @@ def _read_layer(p: Parsed, src: dict, archs: tuple[str, ...], where: str) -> Dra
 
 def _read_common(p: Parsed, cfg: dict, layer_src: dict, where: str) -> None:
     """Fields both formats may carry: the saved dtype and tie_word_embeddings (checked, not used to run)."""
+    sources = ((cfg, ""),) if layer_src is cfg else ((cfg, ""), (layer_src, where))  # a flat config: once
     named = {}
-    for src, at in ((cfg, ""), (layer_src, where)):
+    for src, at in sources:
         for key in ("dtype", "torch_dtype"):
             if src.get(key) is not None:
                 named[f"{at}{key}"] = text(p.file, f"{at}{key}", src[key])
@@ -328,7 +329,7 @@ def _read_common(p: Parsed, cfg: dict, layer_src: dict, where: str) -> None:
             "transformers 4 torch_dtype); the weights' own dtype is what eyas loads",
             "make them agree, or keep one",
         )
-    tied = [f"{at}tie_word_embeddings" for src, at in ((cfg, ""), (layer_src, where))
+    tied = [f"{at}tie_word_embeddings" for src, at in sources
             if src.get("tie_word_embeddings") is not None
             and flag(p.file, f"{at}tie_word_embeddings", src["tie_word_embeddings"])]
     if tied:

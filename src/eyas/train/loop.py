@@ -115,7 +115,7 @@ class _Run:
 
     def stop_here(self) -> None:
         """A signal was held during the step just finished: save this step (rank 0), then stop."""
-        if self.main and latest_checkpoint(self.files.checkpoints) != checkpoint_path(self.files.checkpoints, self.step):
+        if self.main and self.good_checkpoint != checkpoint_path(self.files.checkpoints, self.step):  # not saved yet
             self.good_checkpoint = self.save()
         raise self.guard.stop()
 

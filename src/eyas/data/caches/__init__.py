@@ -14,7 +14,7 @@ the target's own.
 
 Formats (CACHE_FORMATS, the names `--data-format` takes), one module each, citing the code read:
     eyas                native: `eyas capture` shards (eyas.data.shards)
-    eyas-dump           native: one engine dump (eyas.doctor.dumps.read_dump)
+    eyas-dump           native: one engine dump (eyas.data.dumps.read_dump)
     specforge           specforge: `scripts/prepare_hidden_states.py`'s data_{idx}.ckpt[.gz]
     speculators         speculators: Arrow dataset + hidden_states/hs_{row}.safetensors (via arrow)
     speculators-legacy  speculators_legacy: data_{i}.pt + data_config.json (before 2026-03)

@@ -1,11 +1,9 @@
 """eyas's own data behind the same interface: capture shards (`eyas capture`) and engine dumps.
 
 Shards are read by `eyas.data.shards.open_shards` (manifest checked, broken shards skipped with a
-warning), not re-implemented. A dump (layout: docs/engine-dumps.md) is read here, minimally, with
-the per-sample checks every cache gets: `eyas.doctor.dumps.read_dump` cannot be imported from here
-(eyas.doctor imports eyas.evaluate, which opens caches through this package: an import cycle).
-Like read_dump, vLLM's connector files (`token_ids` [T], `hidden_states` [T, L, H]) count as dumps,
-their layers concatenated in the order vLLM stored them.
+warning), not re-implemented. A dump (layout: docs/engine-dumps.md) is read by `eyas.data.dumps.read_dump`,
+as the doctor reads it; vLLM's connector files (`token_ids` [T], `hidden_states` [T, L, H]) count as
+dumps, their layers concatenated in the order vLLM stored them.
 
 Shards record everything: the capture layers (input convention, eyas's own), the final-normed last
 hidden state, and the generation settings of the target's own answers. A dump records only tokens
@@ -22,9 +20,9 @@ import torch
 from torch import Tensor
 
 from eyas.contract import default_capture_layers
-from eyas.data.caches.base import NORMED, CacheInfo, FeatureCache, as_ids, make_sample, need, read_tensors, \
-    safetensors_shapes
+from eyas.data.caches.base import NORMED, CacheInfo, FeatureCache, make_sample, safetensors_shapes
 from eyas.data.caches.layers import Convention, stored_text
+from eyas.data.dumps import read_dump
 from eyas.data.shards import MANIFEST, open_shards
 from eyas.errors import FormatError
 
@@ -99,11 +97,6 @@ class DumpCache(FeatureCache):
                               "the tokens the engine served; no loss mask stored: every position counts", 1)
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
-        path = self.info.path
-        t = read_tensors(path, _DUMP_HINT)
-        ids_key, feats_key = ("input_ids", "features") if "input_ids" in t else ("token_ids", "hidden_states")
-        ids = as_ids(need(t, ids_key, path, DUMP), ids_key, path, DUMP)
-        features = need(t, feats_key, path, DUMP)
-        if feats_key == "hidden_states" and isinstance(features, Tensor) and features.ndim == 3:
-            features = features.flatten(1)  # vLLM's [T, L, H] -> [T, L*H]
-        yield make_sample(self.info, path, ids, torch.ones_like(ids), features, None, (ids_key, "loss_mask", feats_key, ""))
+        ids, features = read_dump(self.info.path, min_positions=1)  # checked: ids, widths, NaN/Inf
+        yield make_sample(self.info, self.info.path, ids, torch.ones_like(ids), features, None,
+                          ("input_ids", "loss_mask", "features", ""))

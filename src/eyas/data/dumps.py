@@ -1,0 +1,60 @@
+"""Engine dumps on disk: what an engine fed the draft, read and checked (layout: docs/engine-dumps.md).
+
+Read here, below both its users: the doctor matches a dump against the target's states
+(eyas.doctor.dumps), and `eyas eval --data` reads one as a feature cache (eyas.data.caches.native).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from eyas.data.values import check_tensors
+from eyas.errors import FormatError
+
+MIN_POSITIONS = 4
+_HINT = "a dump is a safetensors file with input_ids [T] (int64) and features [T, W]: see docs/engine-dumps.md"
+
+
+def read_dump(path: str | Path, *, vocab_size: int | None = None, hidden_size: int | None = None,
+              min_positions: int = MIN_POSITIONS) -> tuple[Tensor, Tensor]:
+    """`input_ids` [T] and `features` [T, W] (fp32) from an engine dump (docs/engine-dumps.md).
+
+    vLLM's ExampleHiddenStatesConnector files (`token_ids` [T], `hidden_states` [T, L, H]) are read
+    as they are written: their layers are concatenated in the order vLLM stored them. Every number
+    is checked as it enters (eyas.data.values): features finite, ids >= 0 and, given the target's
+    `vocab_size` and `hidden_size`, inside its vocabulary and a whole number of states wide, so
+    that `eyas doctor` can refuse a bad dump before it loads the target. The doctor compares shifts
+    t-1, t, t+1, so by default a dump needs `min_positions` (4).
+    """
+    path = Path(path)
+    try:
+        with safe_open(path, "pt") as f:
+            t = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for missing or garbled files
+        raise FormatError(f"{path}: not a readable safetensors file ({e})", _HINT) from None
+    if "input_ids" not in t and {"token_ids", "hidden_states"} <= set(t):
+        states = t["hidden_states"]
+        if states.ndim != 3:
+            raise FormatError(f"{path}: hidden_states is {list(states.shape)}; expected [T, L, H]", _HINT)
+        t = {"input_ids": t["token_ids"], "features": states.flatten(1)}  # [T, L, H] -> [T, L*H]
+    missing = sorted({"input_ids", "features"} - set(t))
+    if missing:
+        raise FormatError(f"{path}: no {', '.join(missing)} (found {sorted(t)})", _HINT)
+    ids, feats = t["input_ids"], t["features"]
+    if ids.ndim != 1 or ids.is_floating_point() or ids.dtype == torch.bool or feats.ndim != 2 \
+            or not feats.is_floating_point() or feats.shape[0] != ids.shape[0] or feats.shape[1] == 0:
+        raise FormatError(f"{path}: input_ids is {ids.dtype} {list(ids.shape)} and features {feats.dtype} "
+                          f"{list(feats.shape)}; expected int64 [T] and float [T, W]", _HINT)
+    if ids.shape[0] < min_positions:
+        raise FormatError(f"{path}: {ids.shape[0]} positions; at least {min_positions} are needed to compare shifts",
+                          _HINT)
+    check_tensors(path, t, floats=["features"], ids=["input_ids"], vocab_size=vocab_size,
+                  hint="dump with the target's tokenizer and the target the draft serves (or pass that --target)")
+    if hidden_size is not None and feats.shape[1] % hidden_size:
+        raise FormatError(f"{path}: features are {feats.shape[1]} wide, not a multiple of the target's hidden size "
+                          f"{hidden_size}", "dump the target the draft serves, or pass --target")
+    return ids.long(), feats.float()
