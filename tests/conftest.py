@@ -18,6 +18,14 @@ LLAMA3_ROPE = {
 }
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """Timings made in tests are never provisional: on a loaded CI machine the quick sweep and the
+    dtype timing would otherwise be made again at every call (eyas.machine.Contention); the tests of
+    that rule (tests/test_contention.py) set the machine's load themselves."""
+    monkeypatch.setattr("eyas.machine._machine_seconds", lambda: None)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models are dominated by per-op overhead: one thread is faster and steadier on 2 shared

@@ -21,7 +21,7 @@ from eyas import dtype_choice
 from eyas.bench.timing import Run, spread, summary
 from eyas.contract import Verifier
 from eyas.data import eos_ids
-from eyas.decode import DecodeStats, DraftTree, generate
+from eyas.decode import DecodeStats, DraftTree, bf16_kernel, generate
 from eyas.draft_shape import decode_shape, parse_tree, read_best_shape, save_best_shape
 from eyas.drafter_loading import load_drafter
 from eyas.dtype_choice import hf_dtypes, resolve_dtype
@@ -180,20 +180,27 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     rep = run_bench(draft, prompts=files, target=target, dtype="bf16", max_new_tokens=5, limit=2, sweep=True,
                     progress=False)
     sweep = rep["sweep"]
-    assert [r["shape"] for r in sweep["results"]] == (
-        [{"draft_tokens": k} for k in bench.SWEEP_CHAINS] + [{"tree": list(t)} for t in bench.SWEEP_TREES])
+    assert [r["shape"] for r in sweep["results"]] == (  # chains also without the n-gram branch
+        [{"draft_tokens": k} for k in bench.SWEEP_CHAINS] + [{"draft_tokens": k, "ngram_tokens": 0} for k in
+                                                             sweep_module.SWEEP_PLAIN_CHAINS]
+        + [{"tree": list(t)} for t in bench.SWEEP_TREES])
+    fastest_chain = max((r for r in sweep["results"] if "draft_tokens" in r["shape"]), key=lambda r: r["tokens_per_s"])
+    assert sweep["best_chain_ngram"] == fastest_chain["shape"].get("ngram_tokens", 8)
+    assert (rep["shapes"]["eyas_chain"].get("ngram_tokens") == 0) == (sweep["best_chain_ngram"] == 0)
     assert sweep["best"] in [r["shape"] for r in sweep["results"]]
     assert sweep["best_tokens_per_s"] == max(r["tokens_per_s"] for r in sweep["results"])
-    assert rep["shapes"]["eyas_chain"] == {"draft_tokens": sweep["best_chain"]}
+    assert rep["shapes"]["eyas_chain"]["draft_tokens"] == sweep["best_chain"]
     assert rep["shapes"]["eyas_tree"] == {"tree": sweep["best_tree"]}
     assert rep["shapes"]["source"]["eyas_tree"] == "sweep"
     path = tmp_path / "cache" / "eyas" / "best_shape.json"
     assert sweep["cache"] == str(path)
     stored = json.loads(path.read_text())
     assert len(stored) == 1 and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    key = json.loads(next(iter(stored)))  # target, drafter, dtype, machine, cpus, instruction sets, dispatched set, threads
+    # target, drafter, dtype, machine, cpus, instruction sets, dispatched set, threads, eyas's bf16 kernel
+    key = json.loads(next(iter(stored)))
     assert key[:3] == [name, str(draft.resolve()), "bf16"] and key[4] == os.cpu_count()
-    assert key[5:] == [cpu_flags(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()]
+    assert key[5:] == [cpu_flags(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
+                       bf16_kernel.available()]
     assert sweep["beats_target"] == (sweep["best_tokens_per_s"] > sweep["target_tokens_per_s"])
     entry = read_best_shape(name, draft, "bf16")
     assert entry["best"] == sweep["best"] and entry["max_new_tokens"] == 5
@@ -412,6 +419,9 @@ def test_a_sweep_that_nothing_beat_decodes_with_the_target_alone(saved, tmp_path
     save_best_shape(name, draft, "fp32", {**entry, "best_tokens_per_s": 11.0, "beats_target": True})
     out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)
     assert out["shape"] == {"tree": [2, 2, 3]} and out["shape_source"] == "sweep cache"
+    save_best_shape(name, draft, "fp32", {**entry, "best": {"draft_tokens": 2, "ngram_tokens": 0}, "beats_target": True})
+    out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)  # swept without n-grams
+    assert out["ngram_tokens"] == 0 and out["stats"]["ngram_accepted"] == 0 and "without n-grams" in format_generate(out)
 
 
 def test_dtype_auto_is_measured_once_per_machine(saved, monkeypatch):
@@ -465,6 +475,7 @@ def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_p
     """No shape cached: a quick sweep runs (said on stderr, with its cost), is cached, and is reused."""
     target, draft = saved
     monkeypatch.setattr(sweep_module, "QUICK_CHAINS", (1, 2))
+    monkeypatch.setattr(sweep_module, "QUICK_PLAIN_CHAINS", (1,))
     monkeypatch.setattr(sweep_module, "QUICK_TREES", ((2, 2, 3),))
     monkeypatch.setattr(sweep_module, "QUICK_PROMPTS", 2)
     monkeypatch.setattr(sweep_module, "QUICK_TOKENS", 4)
@@ -474,7 +485,7 @@ def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_p
     name = Target.load(target).name
     entry = read_best_shape(name, draft, "fp32")
     assert entry is not None and [r["shape"] for r in entry["results"]] == [
-        {"draft_tokens": 1}, {"draft_tokens": 2}, {"tree": [2, 2, 3]}]
+        {"draft_tokens": 1}, {"draft_tokens": 2}, {"draft_tokens": 1, "ngram_tokens": 0}, {"tree": [2, 2, 3]}]
     used = entry["best"] if entry["beats_target"] else None
     assert out["shape"] == used and out["shape_source"] == (MEASURED_NOW if used else TARGET_ALONE)
     again = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)

@@ -334,11 +334,12 @@ def test_two_processes_match_one_with_the_same_global_batch(target_dir, captured
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "eyas", "train",
            *flags(c2), "--json"]
     env2 = {k: v for k, v in env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    proc = subprocess.Popen(cmd, env=env2, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # one after the other: with the single run beside it (three processes on two cores) rank 1 aborted
+    # at about 1 run in 10 under load ("terminate called without an active exception"; cause not found)
+    proc = subprocess.run(cmd, env=env2, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     single = train(config(captured, tmp_path / "one", target_dir, epochs=2, save_every=0))
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr.decode()[-3000:]
-    ddp = json.loads(stdout)
+    ddp = json.loads(proc.stdout)
     assert ddp["world_size"] == 2 and ddp["steps"] == single["steps"] >= 6
     a, b = draft_tensors(tmp_path / "one"), draft_tensors(tmp_path / "ddp")
     for k in a:

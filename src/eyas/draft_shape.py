@@ -6,7 +6,8 @@ forward over many tokens costs against one over a single token, which the CPU's 
 decide), so `eyas bench --sweep` times them and records the winner in
 `$XDG_CACHE_HOME/eyas/best_shape.json`, keyed by all four (eyas.machine); `eyas generate` and
 `eyas bench` use it when no shape is given. A shape is a dict, as in the JSON
-reports: {"draft_tokens": k} or {"tree": [depth, top_k, budget]}.
+reports: {"draft_tokens": k} or {"tree": [depth, top_k, budget]}, with "ngram_tokens" where the sweep
+timed it with another n-gram branch than the default (eyas.decode.ngram).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from eyas.decode import bf16_kernel
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
-from eyas.machine import machine_key, read_measured, save_measured
+from eyas.machine import machine_key, read_measured, save_measured, settled
 
 
 def parse_tree(tree: str | Sequence[int] | None) -> tuple[int, int, int] | None:
@@ -36,10 +38,10 @@ def parse_tree(tree: str | Sequence[int] | None) -> tuple[int, int, int] | None:
 
 
 def shape_label(shape: dict) -> str:
-    """{"draft_tokens": 4} -> "chain k=4"; {"tree": [5, 4, 16]} -> "tree 5,4,16"."""
-    if "tree" in shape:
-        return "tree " + ",".join(str(v) for v in shape["tree"])
-    return f"chain k={shape['draft_tokens']}"
+    """{"draft_tokens": 4} -> "chain k=4"; {"tree": [5, 4, 16]} -> "tree 5,4,16"; a shape swept
+    without the n-gram branch ("ngram_tokens": 0) says so."""
+    label = "tree " + ",".join(str(v) for v in shape["tree"]) if "tree" in shape else f"chain k={shape['draft_tokens']}"
+    return label + (" without n-grams" if shape.get("ngram_tokens") == 0 else "")
 
 
 def decode_shape(shape: dict) -> dict:
@@ -51,8 +53,9 @@ def decode_shape(shape: dict) -> dict:
 
 
 def shape_key(target_name: str, drafter: str | Path, dtype: str | torch.dtype) -> list:
-    """What a measured shape depends on: the models, the dtype and the machine (eyas.machine)."""
-    return [target_name, str(Path(drafter).resolve()), short_name(dtype), *machine_key()]
+    """What a measured shape depends on: the models, the dtype, the machine (eyas.machine) and
+    whether bf16 products run on eyas's AVX2 kernel (eyas.decode.bf16_kernel)."""
+    return [target_name, str(Path(drafter).resolve()), short_name(dtype), *machine_key(), bf16_kernel.available()]
 
 
 def read_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dtype) -> dict | None:
@@ -69,6 +72,11 @@ def read_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dt
     except (TypeError, KeyError, ValueError, EyasError):
         usable = False
     return entry if usable else None
+
+
+def needs_sweep(entry: dict | None) -> bool:
+    """Whether a quick sweep is due: no shape cached, or a provisional one (timed under load, eyas.machine)."""
+    return entry is None or not settled(entry)
 
 
 def save_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dtype, entry: dict) -> Path:

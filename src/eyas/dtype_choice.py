@@ -1,15 +1,18 @@
 """`--dtype auto`: the dtype a target decodes fastest in on this machine, measured once and cached.
 
 bf16 halves the bytes every forward reads, but whether it is faster depends on the CPU: with bf16
-dot products (avx512_bf16, AMX) it wins at every size; on AVX2-only CPUs a forward over one token
-may still win while one over the 16 nodes of a tree costs several times its fp32 equivalent. So
-`auto` times the target's decode forward (eyas.decode.cost) in each dtype over the sizes decoding
-runs (one token: plain decoding and HF greedy; a chain's and a tree's verify) and keeps the dtype
-whose cheapest way of decoding costs least per token: plain decoding at T(1), or a verify over n
-nodes at T(n) / TYPICAL_TAU[n], the tokens such a round typically yields (the draft's own cost, a
-tenth of a round, left out). An AVX2-only CPU can then keep bf16 for plain decoding where its bf16
-verify is too slow for speculation to pay, and the shape sweep turns the draft off there. The result is cached per target and machine (eyas.machine: instruction
-sets, cores, threads) and torch version, in `$XDG_CACHE_HOME/eyas/fastest_dtype.json`.
+dot products (avx512_bf16, AMX) it wins at every size; on AVX2-only CPUs torch's bf16 product over
+the 16 nodes of a tree costs several times its fp32 equivalent, and only eyas's own kernel
+(eyas.decode.bf16_kernel, built where a C compiler is) keeps it near one step. So `auto` times the
+target's decode forward (eyas.decode.cost) in each dtype over the sizes decoding runs (one token:
+plain decoding and HF greedy; a chain's and a tree's verify) and keeps the dtype whose cheapest way
+of decoding costs least per token: plain decoding at T(1), or a verify over n nodes at
+T(n) / TYPICAL_TAU[n], the tokens such a round typically yields (the draft's own cost, a tenth of a
+round, left out). A CPU can then keep bf16 for plain decoding where its bf16 verify is too slow for
+speculation to pay, and the shape sweep turns the draft off there. The result is cached per target,
+machine (eyas.machine: instruction sets, cores, threads), torch version and kernel, in
+`$XDG_CACHE_HOME/eyas/fastest_dtype.json`; one timed while other processes took much of the CPU is
+provisional and timed again at the next runs (eyas.machine.Contention).
 
 The same measurement times transformers' own forward (what `eyas bench`'s Hugging Face baselines
 run) over one token (greedy decoding) and over 11 (a prompt-lookup verify of 10 candidates), so
@@ -25,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from eyas.decode import target_forward_ms
+from eyas.decode import bf16_kernel, target_forward_ms
 from eyas.devices import on_gpu
-from eyas.dtypes import AUTO, is_auto, short_name, to_dtype
-from eyas.machine import machine_key, read_measured, save_measured
+from eyas.dtypes import is_auto, short_name, to_dtype
+from eyas.machine import Contention, busy_note, machine_key, quietest, read_measured, save_measured, settled
 from eyas.target import Target, target_name
 
 DECODE_DTYPES = (torch.bfloat16, torch.float32)  # what `eyas generate` and `eyas bench` decode in
@@ -45,7 +48,8 @@ def per_token_ms(forward_ms: dict) -> float:
 
 
 def _key(target: str | Path | None) -> list:
-    return [target_name(target), *machine_key(), torch.__version__]
+    """What the fastest dtype depends on: the target, the machine, torch, and eyas's bf16 kernel."""
+    return [target_name(target), *machine_key(), torch.__version__, bf16_kernel.available()]
 
 
 def measure_dtypes(target: str | Path | None, *, sizes: tuple[int, ...] = PROBE_SIZES, repeats: int = 3) -> dict:
@@ -87,24 +91,36 @@ def hf_dtypes(dtype: str | torch.dtype, target: str | Path | None) -> dict[str, 
     return {m: (to_dtype(entry["hf_dtypes"][m]), source) for m in HF_SIZES}
 
 
+# Provisional timings (eyas.machine.settled) made by this process, by key: one serves the whole run;
+# it is made again at the next run, not at the next call.
+_THIS_RUN: dict[str, dict] = {}
+
+
 def _measured(target: str | Path | None) -> tuple[dict, str]:
     """The cached measurement for this target and machine, else one made now (said on stderr)."""
     key = _key(target)
+    if str(key) in _THIS_RUN:
+        return _THIS_RUN[str(key)], "auto: measured on this machine"
     names = [short_name(d) for d in DECODE_DTYPES]
     entry = read_measured("dtype", key)
     try:  # an entry from an older eyas (no Hugging Face timings) or edited by hand is measured again
         usable = entry["dtype"] in names and all(entry["hf_dtypes"][m] in names for m in HF_SIZES)
     except (TypeError, KeyError):
         usable = False
-    if usable:
+    if usable and settled(entry):
         return entry, "auto: measured on this machine (cached)"
     print("eyas: timing the target's forward in bf16 and fp32 to pick the faster (once per machine, about "
           "20 s)", file=sys.stderr)
     t0 = time.perf_counter()
-    entry = measure_dtypes(target)
+    others = Contention()
+    measured = measure_dtypes(target)
+    entry = quietest({**measured, "others_cpu_share": others.others()}, entry if usable else None)
     path = save_measured("dtype", key, entry)
     ms = entry["forward_ms"]
     print(f"eyas: {entry['dtype']} is faster here (ms per forward over {', '.join(map(str, entry['sizes']))} "
           "new tokens: " + "; ".join(f"{d} " + " / ".join(f"{v:.1f}" for v in ms[d].values()) for d in ms)
           + f"); measured in {time.perf_counter() - t0:.0f} s, cached in {path}", file=sys.stderr)
+    if entry["busy"]:
+        print(busy_note(entry), file=sys.stderr)
+        _THIS_RUN[str(key)] = entry
     return entry, "auto: measured on this machine"

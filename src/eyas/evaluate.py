@@ -32,6 +32,7 @@ from eyas.devices import on_gpu
 from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
 from eyas.machine import bf16_dot_products
+from eyas.sampled import require_last_hidden, sample_alphas, sampled_report
 from eyas.shift import label_ids, shift_for_draft
 from eyas.target import Target, TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, judged
@@ -222,33 +223,47 @@ def _pruned_topk(drafter, s: dict, next_ids: torch.Tensor, at: torch.Tensor, tru
 
 
 def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8, tree_top_k: int = 4,
-                     tree_depth: int = 5, progress=None) -> dict:
+                     tree_depth: int = 5, temperature: float = 0.0, answers_temperature: float | None = None,
+                     progress=None) -> dict:
     """Offline acceptance of `drafter` over captured samples (see the module docstring).
 
     lm_head: the target's [V, H] output matrix (tied embeddings: the embedding matrix).
     Returns a JSON-ready dict: tokens (chain starts evaluated), acceptance_by_depth, tau_chain
     (k = "1".."depth"), tau_tree (a full top-k tree of tree_depth levels along the greedy path),
-    coverage (share of the target's next tokens inside the draft vocab), and the counts.
+    coverage (share of the target's next tokens inside the draft vocab), and the counts. With a
+    `temperature` > 0 also `sampled`: the expected acceptance when serving samples at it
+    (eyas.sampled; `answers_temperature`, what the answers were sampled at, only feeds its note).
     """
-    parts = []
+    parts, sampled = [], []
+    if temperature > 0 and lm_head is None:
+        raise EyasError("sampled acceptance needs the target's distributions", "evaluate with the last hidden state")
     with torch.inference_mode():
         for sample in samples:
             if int(sample["loss_mask"].sum()) < 2:
                 continue
-            parts.append(sample_predictions(drafter, sample, lm_head, depth, tree_top_k, prune=min(tree_depth, depth)))
+            if temperature > 0:  # the draft's distributions: the unroll at every start (same greedy numbers)
+                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, logits=True)
+                sampled.append(sample_alphas(drafter, sample, part.pop("logits"), part.pop("rows"), lm_head,
+                                             temperature, tree_top_k))
+            else:
+                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, prune=min(tree_depth, depth))
+            parts.append(part)
             if progress is not None:
                 progress(int(sample["loss_mask"].shape[0]))
     if not parts:
         raise EyasError("no answer tokens to evaluate", "capture data with responses (loss_mask) first")
     cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     chain = chain_acceptance(cat["pred"], cat["truth"], cat["valid"])
-    return {
+    report = {
         "tokens": int(cat["truth"].shape[0]),
         **chain,
         "tau_tree": {"top_k": tree_top_k, "depth": tree_depth,
                      "tau": tree_tau(cat["topk"], cat["truth"], cat["valid"], min(tree_depth, depth))},
         "coverage": float(cat["in_vocab"].float().mean()),
     }
+    if sampled:
+        report["sampled"] = sampled_report(sampled, temperature, tree_top_k, tree_depth, answers_temperature)
+    return report
 
 
 def evaluate(
@@ -266,6 +281,7 @@ def evaluate(
     dtype: str | torch.dtype = AUTO,
     device: str | torch.device | None = None,
     layer_convention: str | None = None,
+    temperature: float = 0.0,
     progress: bool = True,
 ) -> dict:
     """`eyas eval`: load the draft, get features, measure acceptance.
@@ -276,6 +292,9 @@ def evaluate(
     never built: its verdict comes from the stored last hidden state through its final norm and
     lm_head (read by name from its shards), or, for a cache without one, from the stored tokens.
     `dtype` "auto" (`eval_dtype`): bf16 where the device multiplies it natively, else fp32.
+    `temperature` > 0 adds the report's `sampled` section (eyas.sampled); prompts are then answered
+    sampled at it (seed 0), as a fair estimate needs, and the greedy numbers are measured along
+    those sampled answers. A cache without the last hidden state cannot give it and is refused.
     """
     from eyas.data.caches import PRE_NORM, open_cache  # other trainers' readers load only for --data
 
@@ -293,7 +312,8 @@ def evaluate(
     with tempfile.TemporaryDirectory(prefix="eyas-eval-") as tmp:
         if data is None:
             capture(Target.load(ref), read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
-                    max_new_tokens=max_new_tokens, dtype=dtype, progress=progress)
+                    max_new_tokens=max_new_tokens, dtype=dtype, progress=progress, do_sample=temperature > 0,
+                    temperature=temperature or 1.0, seed=0)
             data, data_format = tmp, "eyas"
         cache = open_cache(data, format=data_format, num_layers=ref.num_layers)
         info = cache.info
@@ -302,14 +322,18 @@ def evaluate(
         check_cache_fits(info, ref.hidden_size, ref.name)
         _check_layers(info, tuple(layers), config)
         _specforge_note(info, config)
+        if temperature > 0:
+            require_last_hidden(info)
         head = ref.head() if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         samples = itertools.islice(cache, limit) if limit else cache
         samples = judged(samples, head, normed=info.last_hidden != PRE_NORM, device=ref.device,
                          vocab_size=ref.vocab_size, where=info.path)
         t1 = time.perf_counter()
+        answers = _answers_temperature(cache)
         report = evaluate_samples(drafter, samples, None if head is None else head.lm_head, depth=depth,
-                                  tree_top_k=tree_top_k, tree_depth=tree_depth, progress=bar.update)
+                                  tree_top_k=tree_top_k, tree_depth=tree_depth, temperature=temperature,
+                                  answers_temperature=answers, progress=bar.update)
         bar.close()
     seconds = time.perf_counter() - t1
     report["drafter"] = str(resolve_drafter(drafter_path, ref))
@@ -318,7 +342,7 @@ def evaluate(
     where = str(info.path) if info.path != Path(tmp) else f"captured now from {prompts or 'mtbench'}"
     report["data"] = {"format": info.format, "path": where, "layers": info.layers_note,
                       "layers_recorded": info.layers_recorded, "answers": info.answers_note,
-                      "verdict": FROM_HEAD if head is not None else FROM_TOKENS}
+                      "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "answers_temperature": answers}
     report["cost"] = {"device": str(ref.device), "dtype": str(dtype).removeprefix("torch."),
                       "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(seconds, 2),
                       "positions_per_s": round(report["tokens"] / seconds, 1) if seconds > 0 else None,
@@ -333,6 +357,14 @@ def eval_dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> t
     if not is_auto(dtype):
         return to_dtype(dtype, (torch.bfloat16, torch.float32))
     return torch.bfloat16 if on_gpu(device) or bf16_dot_products() else torch.float32
+
+
+def _answers_temperature(cache) -> float | None:
+    """The temperature an eyas capture sampled its answers at (0: greedy); None for other caches."""
+    if cache.info.format != "eyas":
+        return None
+    generation = cache.data.manifest.get("generation", {})
+    return float(generation.get("temperature", 1.0)) if generation.get("do_sample") else 0.0
 
 
 def _specforge_note(info: CacheInfo, config) -> None:

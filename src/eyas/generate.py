@@ -19,7 +19,7 @@ import torch
 
 from eyas.data import Prompt, encode_prompts, eos_ids
 from eyas.decode import DEFAULT_DRAFT_TOKENS, generate
-from eyas.draft_shape import decode_shape, parse_tree, read_best_shape, shape_label
+from eyas.draft_shape import decode_shape, needs_sweep, parse_tree, read_best_shape, shape_label
 from eyas.drafter import Drafter
 from eyas.drafter_loading import load_drafter
 from eyas.dtype_choice import DECODE_DTYPES, resolve_dtype
@@ -33,6 +33,7 @@ __all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "Tex
 NGRAM_TOKENS = 8  # tokens an n-gram branch proposes per round in `eyas generate` / `eyas bench`
 TARGET_ALONE = "target alone: no shape beat it on this machine"  # the shape source when a sweep said so
 MEASURED_NOW = "measured now (none was cached)"  # the shape source when choose_shape ran the quick sweep
+MEASURED_AGAIN = "measured again (the cached one was timed under load)"
 
 
 def chat_ids(target: Target, prompt: Prompt | str, *, max_new_tokens: int) -> list[int]:
@@ -92,10 +93,10 @@ def load_models(
 
 
 def measure_shape(target: Target, draft: Drafter, drafter: str | Path, dtype: torch.dtype, *,
-                  ngram_tokens: int = NGRAM_TOKENS, progress: bool = False) -> dict | None:
+                  ngram_tokens: int = NGRAM_TOKENS, previous: dict | None = None, progress: bool = False) -> dict | None:
     """The quick sweep (eyas.bench.sweep.quick_sweep) on a few MT-bench questions (the copy-heavy set
-    where MT-bench is not installed), run when no shape is cached; its entry is cached. None: no
-    question fits the target's context (nothing measured)."""
+    where MT-bench is not installed), run when no settled shape is cached (`previous`: one timed under
+    load); its entry is cached. None: no question fits the target's context (nothing measured)."""
     from eyas.bench.prompts import bench_prompts
     from eyas.bench.sweep import QUICK_PROMPTS, QUICK_TOKENS, quick_sweep
 
@@ -112,7 +113,7 @@ def measure_shape(target: Target, draft: Drafter, drafter: str | Path, dtype: to
     if not ids:
         return None
     return quick_sweep(target, draft, drafter, dtype, ids, eos_ids(target), ngram_tokens=ngram_tokens,
-                       progress=progress)
+                       previous=previous, progress=progress)
 
 
 def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtype, draft_tokens: int | None,
@@ -120,7 +121,7 @@ def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtyp
                  ) -> tuple[dict, str]:
     """(shape, where it came from) for one generation: the one given, else the sweep's best for this
     target / drafter / dtype / machine (with `models`, the loaded target and draft, measured now by
-    `measure_shape` when none is cached), else the default chain. An empty shape decodes with the
+    `measure_shape` when none is cached or the cached one was timed under load), else the default chain. An empty shape decodes with the
     target alone: without a drafter, or when the sweep found no shape faster than the target alone."""
     if draft_tokens is not None or tree is not None:  # decode refuses both, or either without a drafter
         given = {"draft_tokens": draft_tokens, "tree": None if tree is None else list(tree)}
@@ -128,8 +129,10 @@ def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtyp
     if drafter is None:
         return {}, "none"
     cached, source = read_best_shape(target_name, drafter, dtype), "sweep cache"
-    if cached is None and models is not None and models[1] is not None:
-        cached, source = measure_shape(*models, drafter, dtype), MEASURED_NOW  # None: not measured
+    if needs_sweep(cached) and models is not None and models[1] is not None:
+        source = MEASURED_NOW if cached is None else MEASURED_AGAIN
+        # None: nothing measured (a provisional entry, timed under load, then still stands)
+        cached = measure_shape(*models, drafter, dtype, previous=cached) or cached
     if cached is None:
         return {"draft_tokens": DEFAULT_DRAFT_TOKENS}, "default"
     if cached.get("beats_target") is False:
@@ -176,8 +179,8 @@ def run_generate(
     alone = source == TARGET_ALONE  # the sweep timed the target alone without n-grams too
     out, stats = generate(
         target_model, None if alone else draft, ids, max_new_tokens=max_new_tokens,
-        ngram_tokens=0 if alone else ngram_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        stop_ids=stops, seed=seed, on_tokens=streamer, **decode_shape(shape),
+        temperature=temperature, top_p=top_p, top_k=top_k, stop_ids=stops, seed=seed, on_tokens=streamer,
+        **{"ngram_tokens": 0 if alone else ngram_tokens, **decode_shape(shape)},  # a swept shape's n-grams win
     )
     if streamer is not None:
         streamer.close()
@@ -193,7 +196,7 @@ def run_generate(
         "dtype_source": dtype_source,
         "shape": shape or None,
         "shape_source": source,
-        "ngram_tokens": ngram_tokens,
+        "ngram_tokens": 0 if alone else shape.get("ngram_tokens", ngram_tokens),
         "stats": stats,
     }
 

@@ -12,6 +12,8 @@ elsewhere.
     machine_key            the part of a cache key that names this machine
     read_measured / save_measured   per kind of measurement, a JSON file under $XDG_CACHE_HOME/eyas
                                     of entries keyed by what the measurement depends on
+    Contention / settled / quietest  whether other processes took the CPU while something was timed:
+                                    such a result is provisional, timed again at the next runs
 """
 
 from __future__ import annotations
@@ -133,3 +135,87 @@ def save_measured(kind: str, key: list, entry: dict) -> Path:
         entries[json.dumps(key)] = entry
         write_json(path, entries)
     return path
+
+
+# --- other processes on the machine while something is timed -------------------------------------
+
+BUSY_SHARE = 0.25  # others took more than this share of the cores a timing used: it is provisional
+MEASURE_ATTEMPTS = 3  # a provisional timing is made again at most this often in all; the quietest stays
+
+
+def _machine_seconds() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine since boot (/proc/stat; steal counts as busy),
+    or None where unknown, or where /proc/stat counts other CPUs than this process may use (a
+    container sees its host's)."""
+    try:
+        lines = Path("/proc/stat").read_text(encoding="ascii").splitlines()
+        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        ticks = [int(v) for v in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError, IndexError):
+        return None
+    if cpus != len(os.sched_getaffinity(0)) or len(ticks) < 5:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class Contention:
+    """How much of the CPU this process needs other processes took, from construction to `others()`.
+
+    A timing made while they took much of it says how fast this machine is under that load, not
+    what it does quiet, and decisions cached from it (a dtype, a draft shape) would outlive the
+    load: under load a speculative round's many small products wait on busy cores more than plain
+    decoding's few, so the draft can look slower than the target alone although it is not. Other
+    processes on the cores this process's `threads` leave free take nothing from it.
+    """
+
+    def __init__(self, threads: int | None = None, cpus: int | None = None) -> None:
+        self.cpus = cpus or len(os.sched_getaffinity(0))
+        self.threads = min(self.cpus, threads or torch.get_num_threads())
+        self._machine, self._own = _machine_seconds(), _own_seconds()
+
+    def others(self) -> float | None:
+        """The share, 0..1, of the `threads` cores others kept busy since construction: the cores
+        they used beyond those left free, over `threads` (None where /proc/stat cannot say)."""
+        now = _machine_seconds()
+        if self._machine is None or now is None or now[1] <= self._machine[1]:
+            return None
+        busy, total = now[0] - self._machine[0], now[1] - self._machine[1]
+        cores = self.cpus * (busy - (_own_seconds() - self._own)) / total  # cores others kept busy, on average
+        return round(min(1.0, max(0.0, (cores - (self.cpus - self.threads)) / self.threads)), 3)
+
+
+def settled(entry: dict) -> bool:
+    """Whether a cached timing stands: made on a quiet machine, or provisional but made as often as allowed."""
+    return not entry.get("busy") or int(entry.get("attempts", 1)) >= MEASURE_ATTEMPTS
+
+
+def quietest(entry: dict, previous: dict | None) -> dict:
+    """A new timing's entry (with `others_cpu_share`, from Contention), marked provisional when others
+    took much of the CPU, or the `previous` provisional one it replaces where that was made quieter;
+    either counts the attempts so far."""
+    others = entry.get("others_cpu_share")
+    entry = {**entry, "busy": others is not None and others > BUSY_SHARE}
+    attempts = 1
+    if previous is not None and previous.get("busy"):
+        attempts = int(previous.get("attempts", 1)) + 1
+        if (previous.get("others_cpu_share") or 0.0) < (others or 0.0):
+            entry = previous
+    return {**entry, "attempts": attempts}
+
+
+def busy_note(entry: dict) -> str:
+    """One stderr line for a provisional timing ('' for a settled one)."""
+    if not entry.get("busy"):
+        return ""
+    share = f"{100 * entry['others_cpu_share']:.0f}%"
+    if settled(entry):
+        return (f"eyas: other processes took {share} of the cores timed on, at the quietest of {entry['attempts']} timings; "
+                "kept (re-measure on a quiet machine with `eyas bench --sweep`)")
+    return (f"eyas: other processes took {share} of the cores this was timed on: used now, timed again at the "
+            f"next run (attempt {entry['attempts']} of {MEASURE_ATTEMPTS})")

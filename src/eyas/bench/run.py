@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,13 +24,14 @@ from eyas.bench.timing import (
 )
 from eyas.data import eos_ids
 from eyas.decode import DEFAULT_DRAFT_TOKENS
-from eyas.draft_shape import parse_tree, read_best_shape
+from eyas.draft_shape import needs_sweep, parse_tree, read_best_shape
 from eyas.devices import on_gpu
 from eyas.dtype_choice import DECODE_DTYPES, hf_dtypes, resolve_dtype
 from eyas.dtypes import AUTO, is_auto
 from eyas.dtypes import short_name, to_dtype
 from eyas.errors import EyasError
 from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, measure_shape
+from eyas.machine import busy_note, quietest
 from eyas.target import Target
 
 DEFAULT_TREE = (5, 4, 16)  # 16 draft nodes: the tree when neither --tree nor a sweep gives one
@@ -86,12 +88,16 @@ def run_bench(
 
     sweep_report = None
     if sweep:
-        sweep_report = sweep_shapes(target_model, draft, prompt_ids, stops, max_new_tokens=max_new_tokens,
-                                    ngram_tokens=ngram_tokens, progress=progress)
+        sweep_report = quietest(sweep_shapes(target_model, draft, prompt_ids, stops, max_new_tokens=max_new_tokens,
+                                             ngram_tokens=ngram_tokens, progress=progress), None)
         sweep_report["cache"] = str(save_sweep(target_model, drafter, dtype, sweep_report, prompts=len(items),
                                                max_new_tokens=max_new_tokens))
-    elif (draft_tokens is None or tree is None) and read_best_shape(target_model.name, drafter, dtype) is None:
-        sweep_report = measure_shape(target_model, draft, drafter, dtype, ngram_tokens=ngram_tokens)
+        if sweep_report["busy"]:
+            print(busy_note(sweep_report), file=sys.stderr)
+    elif draft_tokens is None or tree is None:
+        known = read_best_shape(target_model.name, drafter, dtype)
+        if needs_sweep(known):
+            sweep_report = measure_shape(target_model, draft, drafter, dtype, ngram_tokens=ngram_tokens, previous=known)
         if sweep_report is not None:
             sweep_report["quick"] = True
     shapes = _shapes(target_model.name, drafter, dtype, draft_tokens, tree, sweep_report)
@@ -153,6 +159,8 @@ def _shapes(target_name: str, drafter: str | Path, dtype: torch.dtype, draft_tok
     found = (("quick sweep" if sweep_report.get("quick") else "sweep") if sweep_report
              else "sweep cache" if known else "default")
     chain = {"draft_tokens": draft_tokens or (known["best_chain"] if known else DEFAULT_DRAFT_TOKENS)}
+    if not draft_tokens and known and known.get("best_chain_ngram") == 0:  # swept faster without n-grams
+        chain["ngram_tokens"] = 0
     tree_shape = {"tree": list(tree or (known["best_tree"] if known else DEFAULT_TREE))}
     generate_shape, generate_source = choose_shape(target_name, drafter, dtype, None, None)
     return {"eyas_chain": chain, "eyas_tree": tree_shape,

@@ -7,7 +7,9 @@ being slower than plain decoding.
 
 When no shape is cached, `eyas generate` and `eyas bench` run `quick_sweep` first: fewer shapes on a
 few short MT-bench answers (about a minute on a 2-core CPU, said on stderr with what it cost), once
-per target, drafter, dtype and machine.
+per target, drafter, dtype and machine. A quick sweep timed while other processes took much of the
+CPU is provisional (eyas.machine.Contention): it is used, and made again at the next runs until one
+is made on a quiet machine or the attempts run out; the quietest stands.
 """
 
 from __future__ import annotations
@@ -24,13 +26,18 @@ from eyas.bench.timing import eyas_runner, summary, time_interleaved
 from eyas.draft_shape import save_best_shape, shape_label
 from eyas.drafter import Drafter
 from eyas.dtypes import short_name
+from eyas.machine import Contention, busy_note, quietest
 from eyas.target import Target
 
 SWEEP_CHAINS = tuple(range(1, 9))
+# chains also timed without the n-gram branch: its tokens ride along in every verify, free where a
+# verify over a few more tokens costs about one step (bf16 dot products), not on AVX2-only CPUs
+SWEEP_PLAIN_CHAINS = (1, 2, 3, 4)
 SWEEP_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16), (5, 8, 32), (6, 8, 48))
 # the sweep run when nothing is cached: these shapes and the target alone, QUICK_PROMPTS MT-bench
 # questions (spread over categories) x QUICK_TOKENS answer tokens
 QUICK_CHAINS = (1, 2, 3, 4, 6)
+QUICK_PLAIN_CHAINS = (1, 2, 3)
 QUICK_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16))
 QUICK_PROMPTS, QUICK_TOKENS = 4, 48
 
@@ -40,22 +47,25 @@ def save_sweep(target: Target, drafter: str | Path, dtype: torch.dtype, report: 
     """Cache a sweep's result for this target / drafter / dtype / machine (eyas.draft_shape)."""
     entry = {**report, "target": target.name, "drafter": str(Path(drafter).resolve()), "dtype": short_name(dtype),
              "prompts": prompts, "max_new_tokens": max_new_tokens, "torch": torch.__version__,
-             "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+             "measured": report.get("measured") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     return save_best_shape(target.name, drafter, dtype, entry)
 
 
 def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torch.dtype, prompt_ids: list[list[int]],
-                stops: list[int], *, ngram_tokens: int, progress: bool = False) -> dict:
-    """The sweep run once when no shape is cached: QUICK_CHAINS, QUICK_TREES and the target alone on
-    `prompt_ids` (QUICK_PROMPTS MT-bench questions, chat template applied) x QUICK_TOKENS tokens.
-    Says on stderr what it does and what it cost; caches and returns the sweep's report."""
-    shapes = len(QUICK_CHAINS) + len(QUICK_TREES)
-    print(f"eyas: no draft shape measured for this target, draft, {short_name(dtype)} and machine yet: timing "
+                stops: list[int], *, ngram_tokens: int, previous: dict | None = None, progress: bool = False) -> dict:
+    """The sweep run when no settled shape is cached (`previous`: a provisional one): QUICK_CHAINS,
+    QUICK_TREES and the target alone on `prompt_ids` (QUICK_PROMPTS MT-bench questions, chat template
+    applied) x QUICK_TOKENS tokens. Says on stderr what it does and what it cost; caches and returns
+    the quietest sweep's report."""
+    shapes = len(QUICK_CHAINS) + len(QUICK_PLAIN_CHAINS) * (ngram_tokens > 0) + len(QUICK_TREES)
+    why = "timed under load before" if previous is not None else "measured"
+    print(f"eyas: no draft shape {why} for this target, draft, {short_name(dtype)} and machine: timing "
           f"{shapes} shapes and the target alone on {len(prompt_ids)} MT-bench questions x {QUICK_TOKENS} tokens "
           "(once; about a minute on 2 cores)", file=sys.stderr)
     t0 = time.perf_counter()
     report = sweep_shapes(target, draft, prompt_ids, stops, max_new_tokens=QUICK_TOKENS, ngram_tokens=ngram_tokens,
-                          chains=QUICK_CHAINS, trees=QUICK_TREES, progress=progress)
+                          chains=QUICK_CHAINS, plain_chains=QUICK_PLAIN_CHAINS, trees=QUICK_TREES, progress=progress)
+    report = quietest(report, previous)
     report["cache"] = str(save_sweep(target, drafter, dtype, report, prompts=len(prompt_ids),
                                      max_new_tokens=QUICK_TOKENS))
     report["seconds"] = time.perf_counter() - t0
@@ -66,6 +76,8 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
     print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s; took "
           f"{report['seconds']:.0f} s, cached in {report['cache']} (measured again by `eyas bench --sweep`)",
           file=sys.stderr)
+    if report["busy"]:
+        print(busy_note(report), file=sys.stderr)
     return report
 
 
@@ -78,20 +90,25 @@ def sweep_shapes(
     max_new_tokens: int,
     ngram_tokens: int = 0,
     chains: Sequence[int] = SWEEP_CHAINS,
+    plain_chains: Sequence[int] = SWEEP_PLAIN_CHAINS,
     trees: Sequence[tuple[int, int, int]] = SWEEP_TREES,
     progress: bool = True,
 ) -> dict:
     """Time every chain length and tree shape on the prompts (greedy, each round's tree with an
-    n-gram branch of `ngram_tokens`), and the target alone; the fastest shape wins.
+    n-gram branch of `ngram_tokens`; the `plain_chains` also without it: such a shape carries
+    "ngram_tokens": 0), and the target alone; the fastest shape wins.
 
     Shapes are interleaved prompt by prompt, so slow drifts in machine load hit them alike. Returns
-    `results` (shape, tokens_per_s, tau per shape), `best` (the fastest shape of all), `best_chain`,
-    `best_tree`, `target_tokens_per_s` (the target alone, plain decoding) and `beats_target`
-    (whether `best` beat it: where it did not, `eyas generate` decodes without the draft).
+    `results` (shape, tokens_per_s, tau per shape), `best` (the fastest shape of all), `best_chain`
+    (k of the fastest chain; `best_chain_ngram`, the n-gram branch it was timed with), `best_tree`, `target_tokens_per_s` (the target alone, plain decoding) and `beats_target`
+    (whether `best` beat it: where it did not, `eyas generate` decodes without the draft), and
+    `others_cpu_share`: how much of the CPU other processes took meanwhile (eyas.machine.Contention).
     """
-    shapes = [{"draft_tokens": k} for k in chains] + [{"tree": list(t)} for t in trees]
+    plain = [{"draft_tokens": k, "ngram_tokens": 0} for k in plain_chains] if ngram_tokens else []
+    shapes = [{"draft_tokens": k} for k in chains] + plain + [{"tree": list(t)} for t in trees]
     runners = {i: eyas_runner(target, drafter, stops, s, ngram_tokens) for i, s in enumerate(shapes)}
     runners["target"] = eyas_runner(target, None, stops, {})
+    others = Contention()
     runs = time_interleaved(runners, prompt_ids, max_new_tokens, set(stops), "sweep", progress)
     results = []
     for i, shape in enumerate(shapes):
@@ -109,6 +126,8 @@ def sweep_shapes(
         "beats_target": (fastest()["tokens_per_s"] or 0.0) > alone,
         "ngram_tokens": ngram_tokens,
         "best_chain": fastest("draft_tokens")["shape"]["draft_tokens"],
+        "best_chain_ngram": fastest("draft_tokens")["shape"].get("ngram_tokens", ngram_tokens),
         "best_tree": fastest("tree")["shape"]["tree"],
         "results": results,
+        "others_cpu_share": others.others(),
     }

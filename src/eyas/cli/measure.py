@@ -72,12 +72,32 @@ def format_eval(rep: dict[str, Any]) -> str:
         lines.append("tau is nan where no chain start stays on the target's greedy path long enough: the stored "
                      "answers are not the target's greedy ones (regenerate them, e.g. eyas capture) or are too short")
     data, cost = rep["data"], rep["cost"]
+    if data.get("answers_temperature"):
+        lines.append(f"the answers are sampled (temperature {data['answers_temperature']:g}): the greedy numbers above "
+                     "count only chain starts that stay on the target's greedy path (tau along a sampled path)")
+    if "sampled" in rep:
+        lines += _format_sampled(rep["sampled"])
     lines.append(f"data: {data['format']} features, {data['path']}; {data['layers']}")
     lines.append(f"verdict: {describe(data['verdict'])}; answers: {data['answers']}")
     rate = "-" if cost["positions_per_s"] is None else f"{cost['positions_per_s']:.0f}"
     lines.append(f"cost: {cost['seconds']:.1f} s on {cost['device']} ({cost['dtype']}), {rate} positions/s measured; "
                  f"target tensors read: {', '.join(cost['target_tensors_read']) or 'none'}")
     return "\n".join(lines)
+
+
+def _format_sampled(s: dict[str, Any]) -> list[str]:
+    """The sampled section (eyas.sampled) in four lines: acceptance by depth and tau per way of drafting."""
+    def row(values: list[float]) -> str:
+        return " ".join(f"{v:.3f}" for v in values)
+
+    K, t = len(s["acceptance_by_depth"]["chain"]), s["tau_tree"]
+    lines = [f"sampled at temperature {s['temperature']:g} ({s['tokens']} positions): {s['note']}"]
+    for mode, name in [("chain", "chain (draft samples)"), ("greedy_draft", "greedy draft (vLLM)")]:
+        lines.append(f"  {name:<22} acceptance by depth {row(s['acceptance_by_depth'][mode])}; "
+                     f"tau k=1 {s['tau_chain'][mode]['1']:.3f}, k={K} {s['tau_chain'][mode][str(K)]:.3f}")
+    lines.append(f"  {'tree (top-' + str(t['top_k']) + ')':<22} acceptance by depth "
+                 f"{row(s['acceptance_by_depth']['tree'])}; tau depth {t['depth']} {t['tau']:.3f}")
+    return lines
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -90,7 +110,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    target=target_of(args, weights=True), limit=args.limit,
                    max_new_tokens=args.max_new_tokens, depth=args.depth, tree_top_k=args.tree_top_k,
                    tree_depth=args.tree_depth, layer_convention=args.layer_convention, dtype=args.dtype,
-                   device=args.device, progress=args.progress)
+                   device=args.device, temperature=args.temperature, progress=args.progress)
     if args.plot:
         plot_report(rep, args.plot)
     print(json.dumps(rep, indent=2) if args.json else format_eval(rep))

@@ -234,6 +234,9 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--depth", type=int, default=8, help="draft depths to measure, tau for k = 1..depth (default: 8)")
     p.add_argument("--tree-top-k", type=int, default=4, metavar="K", help="tree branching per level (default: 4)")
     p.add_argument("--tree-depth", type=int, default=5, metavar="D", help="tree depth (default: 5)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="also the expected acceptance when serving samples at this temperature (sampled chain, "
+                   "argmax draft, tree); --prompts are then answered sampled at it, seed 0 (default: 0, greedy only)")
     add_dtype(p, "weights and compute of target and draft",
               auto="bf16 on a GPU or a CPU with bf16 dot products (avx512_bf16, AMX), fp32 elsewhere")
     p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")

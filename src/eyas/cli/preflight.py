@@ -111,6 +111,15 @@ def capture_folder(path: str | Path, flag: str, data_format: str | None = None) 
         check_capture(path)
 
 
+def sampled_cache(path: str | Path, data_format: str | None) -> None:
+    """`eval --temperature` on stored data: refused here, before the draft and the target's head
+    load, where the cache stores no last hidden state."""
+    from eyas.data.caches import open_cache
+    from eyas.sampled import require_last_hidden
+
+    require_last_hidden(open_cache(path, format=data_format).info)
+
+
 def dump_file(path: str | Path, target: str | None) -> None:
     """An engine dump read in full: its shapes and numbers, and (with --target) its ids and width
     against that target's config (the embedded default's are checked once it is loaded)."""
@@ -220,9 +229,12 @@ def _eval(a: argparse.Namespace) -> None:
     if a.data and a.prompts:
         raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
     at_least(a, 1, "limit", "max_new_tokens", "depth", "tree_top_k", "tree_depth")
+    sampling(a)
     target(a, weights=True)
     if a.data:
         capture_folder(a.data, "--data", getattr(a, "data_format", None))
+        if a.temperature:
+            sampled_cache(a.data, getattr(a, "data_format", None))
     else:
         prompts(a.prompts, limit=a.limit)
     output_file(a.plot, "--plot")

@@ -4,8 +4,8 @@ Decoding at batch 1 multiplies a handful of rows by every weight matrix, once pe
 plain kernels do that far below the memory bandwidth on CPUs (in bf16 most of all); oneDNN's
 packed layout, the one torch.compile's CPU "freezing" uses, runs the same products at about twice
 the speed, with the same results in bf16 and rounding-level differences in fp32. A packed weight is
-a copy made once; where oneDNN cannot pack (another device, a dtype or CPU it does not support)
-the product falls back to F.linear.
+a copy made once. Where oneDNN cannot pack bf16 (AVX2-only CPUs) the product runs on eyas's own
+kernel (eyas.decode.bf16_kernel), elsewhere where it cannot pack (another device or dtype) on F.linear.
 
     PackedLinear    one product for one or several linears that read the same input (q/k/v, gate/up)
     packed_linears  a context in which a module's nn.Linear layers run packed (the drafter's decode steps)
@@ -20,6 +20,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from eyas.decode import bf16_kernel
 
 
 def pack(weight: Tensor) -> Tensor | None:
@@ -44,9 +46,14 @@ class PackedLinear:
             self.bias = None if biases[0] is None else torch.cat(biases).detach()
             self.packed = pack(weight)
         self.weight = weight if self.packed is None else None
+        self.native = self.packed is None and bf16_kernel.usable(weight)
 
     def __call__(self, x: Tensor, add: Tensor | None = None) -> Tensor:
         """x [..., in] -> [..., out]; `add` (the output's shape) is summed into the result."""
+        if self.native:  # summed in fp32 with the bias, rounded once to x's dtype, as torch's bf16 linear
+            y = bf16_kernel.matmul(x, self.weight)
+            y = (y if self.bias is None else y + self.bias).to(x.dtype)
+            return y if add is None else add + y
         if self.packed is None:
             y = F.linear(x, self.weight, self.bias)
             return y if add is None else add + y

@@ -1,0 +1,157 @@
+"""Expected acceptance under sampled serving, computed from the target's and the draft's distributions.
+
+Greedy acceptance (eyas.evaluate) asks whether the draft's argmax is the target's argmax. A server
+that samples at temperature T accepts by chance instead, and the chance is known exactly from the
+two distributions: p = softmax(target logits / T) and q = softmax(draft logits / T), q mapped to the
+target vocabulary (zero outside a reduced draft vocabulary). For one prefix the acceptance
+probability of the next draft token is, per way of drafting:
+
+    chain         the draft samples d ~ q, speculative sampling (eyas's chain loop,
+                  `accept_chain_sampling`): alpha = sum_v min(p(v), q(v))
+    greedy_draft  the draft proposes argmax q, accepted with probability p(x) (vLLM's EAGLE
+                  proposer): alpha = p(argmax q)
+    tree          the draft's top-k candidates tried in turn (`accept_tree_sampling`): some child
+                  is accepted with probability sum of p over the k candidates
+
+Every chain start is teacher-forced along the STORED answer (the starts `sample_predictions` uses),
+and alpha_j is computed at every depth j. Depth 1 is exact for the stored prefix. Deeper depths are
+an estimate: under sampling the accepted path is not the stored one, so alpha_j is taken at a
+prefix the server would reach only with some probability. Under sampling every stored answer token
+is a possible accepted token, so a depth counts wherever its token lies inside the answer (not only
+on the greedy path, as greedy acceptance needs). For the estimate to be fair the stored answers
+should themselves be sampled from the target at the same T (`eyas capture --temperature T`):
+greedy answers sit where p is most peaked and flatter the draft.
+
+acceptance_by_depth is the mean of alpha_j over the starts whose depth j lies in the answer, not
+weighted by the chance of reaching depth j (the greedy table's rate is among the starts that did).
+tau for a chain of k draft tokens = 1 + sum_{j<=k} prod_{i<=j} alpha_i (the bonus token included),
+averaged over the starts whose every depth lies inside the answer (one set for every k, so tau
+never falls with k); the tree's tau is the same sum over its depth with the tree's alpha.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from eyas.errors import EyasError
+from eyas.shift import shift_for_draft
+
+MODES = ("chain", "greedy_draft", "tree")
+BLOCK = 128  # chain starts per block: bounds the fp32 [rows, V] target distributions held at once
+VOCAB_CHUNK = 16384  # lm_head rows made fp32 at a time: no fp32 copy of a large target's lm_head is kept
+
+
+def require_last_hidden(info) -> None:
+    """Refuse a feature cache (its CacheInfo) that stores no last hidden state: p needs it."""
+    if not info.last_hidden:
+        raise EyasError(f"{info.path}: --temperature needs the target's last hidden state, which this "
+                        f"{info.format} cache does not store", "capture the answers with eyas capture (it "
+                        "stores it), or evaluate this cache without --temperature")
+
+
+def acceptance_probs(p: Tensor, q: Tensor, top_k: int) -> Tensor:
+    """alpha [..., 3] (chain, greedy_draft, tree, as MODES) from p, q [..., V] over one vocabulary.
+
+    Restricting both to the draft vocabulary is exact: q is 0 outside it, so min(p, q) is 0 there,
+    and the argmax and top-k of q lie inside it.
+    """
+    top = q.topk(min(top_k, q.shape[-1]), dim=-1).indices  # [..., k]; top[..., 0] = argmax q
+    chain = torch.minimum(p, q).sum(-1)
+    greedy = p.gather(-1, top[..., :1]).squeeze(-1)
+    tree = p.gather(-1, top).sum(-1)
+    return torch.stack([chain, greedy, tree], dim=-1).clamp(0.0, 1.0)  # rounding can pass 1 by an ulp
+
+
+def target_probs(last_hidden: Tensor, lm_head: Tensor, temperature: float, cols: Tensor) -> Tensor:
+    """p [R, len(cols)]: softmax(last_hidden @ lm_head.T / T) over the full vocabulary, read at the
+    target ids `cols` (the draft vocabulary). Computed in fp32: bf16 logits (3 significant digits)
+    would move p by several percent at T < 1. lm_head [V, H] is made fp32 a slice at a time (a
+    128k x 4096 head would need 2 GB more as a whole)."""
+    h = last_hidden.float()  # [R, H]
+    logits = torch.cat([h @ lm_head[v:v + VOCAB_CHUNK].float().T for v in range(0, lm_head.shape[0], VOCAB_CHUNK)],
+                       dim=1)  # [R, V]
+    return (logits / temperature).softmax(-1)[:, cols]
+
+
+def answer_depths(sample: dict, rows: Tensor) -> Tensor:
+    """valid [N, depth]: the token depth j of each chain start is scored on (x_{t+2+j}) is an answer
+    token, and so is every token before it back to the start (they are the accepted prefix).
+
+    rows [N, depth] from `sample_predictions`: rows[:, 0] = t + 1 for the chain start t. In the
+    draft's alignment (`shift_for_draft`) x_{t+2+j} is labelled at draft position t + j.
+    """
+    mask = shift_for_draft(sample)["loss_mask"].bool()  # [T-1]: x_{t+2} is an answer token
+    at = rows[:, :1] - 1 + torch.arange(rows.shape[1], device=rows.device)  # [N, depth]: t + j
+    inside = at < mask.shape[0]
+    known = mask[at.clamp(max=mask.shape[0] - 1)] & inside
+    return torch.cummin(known.int(), dim=1).values.bool()
+
+
+def sample_alphas(drafter, sample: dict, logits: Tensor, rows: Tensor, lm_head: Tensor, temperature: float,
+                  top_k: int) -> tuple[Tensor, Tensor]:
+    """(alpha [N, depth, 3], valid [N, depth]) for one unshifted sample with its last hidden state.
+
+    logits [N, depth, Vd] / rows [N, depth]: `sample_predictions(..., logits=True)`. p is computed
+    once per sample position a block of starts reads (a start's depths share rows with its
+    neighbours'), so memory stays at BLOCK + depth rows of the full vocabulary.
+    """
+    N, depth, Vd = logits.shape
+    rows = rows.to(logits.device)
+    cols = drafter.to_target_ids(torch.arange(Vd, device=logits.device))  # target id of each draft id
+    alpha = torch.zeros(N, depth, len(MODES), device=logits.device)
+    for a in range(0, N, BLOCK):
+        used, where = rows[a:a + BLOCK].unique(return_inverse=True)  # [U], [B, depth]
+        p = target_probs(sample["last_hidden"][used], lm_head, temperature, cols)  # [U, Vd]
+        for j in range(depth):
+            q = (logits[a:a + BLOCK, j].float() / temperature).softmax(-1)  # [B, Vd]
+            alpha[a:a + BLOCK, j] = acceptance_probs(p[where[:, j]], q, top_k)
+    return alpha, answer_depths(sample, rows)
+
+
+def expected_tau(alpha: Tensor, valid: Tensor, k: int) -> float:
+    """1 + E[sum_{j<=k} prod_{i<=j} alpha_i] over the starts valid through depth k: alpha, valid [N, K]."""
+    rows = valid[:, k - 1]
+    if not rows.any():
+        return float("nan")
+    return float(1 + alpha[rows, :k].double().cumprod(1).sum(1).mean())
+
+
+def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_top_k: int, tree_depth: int,
+                   answers_temperature: float | None) -> dict:
+    """The report's `sampled` section from every sample's `sample_alphas`.
+
+    answers_temperature: the temperature the stored answers were sampled at (0: greedy; None:
+    unknown), for the note on whether the estimate is fair.
+    """
+    alpha = torch.cat([a for a, _ in parts]).cpu()
+    valid = torch.cat([v for _, v in parts]).cpu()
+    K = alpha.shape[1]
+    by_depth = {m: [float(alpha[valid[:, j], j, i].double().mean()) if valid[:, j].any() else float("nan")
+                    for j in range(K)] for i, m in enumerate(MODES)}
+    full = valid[:, K - 1]  # one set of starts for every k, as eyas.evaluate.chain_acceptance counts
+    tau_chain = {m: {str(k): expected_tau(alpha[full][..., i], valid[full], k) for k in range(1, K + 1)}
+                 for i, m in enumerate(MODES[:2])}
+    D = min(tree_depth, K)
+    return {
+        "temperature": temperature,
+        "tokens": int(alpha.shape[0]),
+        "depth_counts": [int(valid[:, j].sum()) for j in range(K)],
+        "acceptance_by_depth": by_depth,
+        "tau_chain": tau_chain,
+        "tau_tree": {"top_k": tree_top_k, "depth": D, "tau": expected_tau(alpha[..., 2], valid, D)},
+        "note": _note(temperature, answers_temperature),
+    }
+
+
+def _note(temperature: float, answers: float | None) -> str:
+    """What the numbers are, and whether the stored answers make them fair."""
+    what = ("expected acceptance from the target's and the draft's distributions at this temperature, teacher-forced "
+            "along the stored answers: depth 1 is exact, deeper depths and tau are estimates")
+    if answers is not None and math.isclose(answers, temperature):
+        return f"{what}; the answers were sampled from the target at {temperature:g}"
+    said = "of unknown origin" if answers is None else "greedy" if answers == 0 else f"sampled at {answers:g}"
+    return (f"{what}; the answers are {said}: for a fair estimate use answers sampled from the target at "
+            f"{temperature:g} (eyas capture --temperature {temperature:g})")
