@@ -180,13 +180,13 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     rep = run_bench(draft, prompts=files, target=target, dtype="bf16", max_new_tokens=5, limit=2, sweep=True,
                     progress=False)
     sweep = rep["sweep"]
-    assert [r["shape"] for r in sweep["results"]] == (  # chains also without the n-gram branch
-        [{"draft_tokens": k} for k in bench.SWEEP_CHAINS] + [{"draft_tokens": k, "ngram_tokens": 0} for k in
-                                                             sweep_module.SWEEP_PLAIN_CHAINS]
+    assert [r["shape"] for r in sweep["results"]] == (  # short chains also with shorter n-gram branches, or none
+        [{"draft_tokens": k} for k in bench.SWEEP_CHAINS]
+        + [{"draft_tokens": k, "ngram_tokens": n} for k in sweep_module.SWEEP_PLAIN_CHAINS for n in (0, 2, 4)]
         + [{"tree": list(t)} for t in bench.SWEEP_TREES])
     fastest_chain = max((r for r in sweep["results"] if "draft_tokens" in r["shape"]), key=lambda r: r["tokens_per_s"])
     assert sweep["best_chain_ngram"] == fastest_chain["shape"].get("ngram_tokens", 8)
-    assert (rep["shapes"]["eyas_chain"].get("ngram_tokens") == 0) == (sweep["best_chain_ngram"] == 0)
+    assert rep["shapes"]["eyas_chain"].get("ngram_tokens", 8) == sweep["best_chain_ngram"]
     assert sweep["best"] in [r["shape"] for r in sweep["results"]]
     assert sweep["best_tokens_per_s"] == max(r["tokens_per_s"] for r in sweep["results"])
     assert rep["shapes"]["eyas_chain"]["draft_tokens"] == sweep["best_chain"]
@@ -422,6 +422,9 @@ def test_a_sweep_that_nothing_beat_decodes_with_the_target_alone(saved, tmp_path
     save_best_shape(name, draft, "fp32", {**entry, "best": {"draft_tokens": 2, "ngram_tokens": 0}, "beats_target": True})
     out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)  # swept without n-grams
     assert out["ngram_tokens"] == 0 and out["stats"]["ngram_accepted"] == 0 and "without n-grams" in format_generate(out)
+    save_best_shape(name, draft, "fp32", {**entry, "best": {"draft_tokens": 2, "ngram_tokens": 2}, "beats_target": True})
+    out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)  # a shorter n-gram branch
+    assert out["ngram_tokens"] == 2 and "chain k=2 + 2 n-gram tokens" in format_generate(out)
 
 
 def test_dtype_auto_is_measured_once_per_machine(saved, monkeypatch):
@@ -485,7 +488,8 @@ def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_p
     name = Target.load(target).name
     entry = read_best_shape(name, draft, "fp32")
     assert entry is not None and [r["shape"] for r in entry["results"]] == [
-        {"draft_tokens": 1}, {"draft_tokens": 2}, {"draft_tokens": 1, "ngram_tokens": 0}, {"tree": [2, 2, 3]}]
+        {"draft_tokens": 1}, {"draft_tokens": 2}, *({"draft_tokens": 1, "ngram_tokens": n} for n in (0, 2, 4)),
+        {"tree": [2, 2, 3]}]
     used = entry["best"] if entry["beats_target"] else None
     assert out["shape"] == used and out["shape_source"] == (MEASURED_NOW if used else TARGET_ALONE)
     again = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)

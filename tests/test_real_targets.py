@@ -242,3 +242,16 @@ def test_eval_dtype_auto_is_bf16_only_where_the_cpu_multiplies_it(monkeypatch):
     monkeypatch.setattr(ev, "bf16_dot_products", lambda: True)  # avx512_bf16 / AMX
     assert ev.eval_dtype("auto", "cpu") == torch.bfloat16
     assert ev.eval_dtype("fp32", None) == torch.float32
+
+
+def test_bf16_dot_products_need_the_flags_and_torch_allowed_to_use_them(monkeypatch):
+    from eyas import machine
+
+    monkeypatch.setattr(machine.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_bf16"])
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert machine.bf16_dot_products()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # ATEN_CPU_CAPABILITY=avx2
+    assert not machine.bf16_dot_products() and machine.cpu_class().startswith("AVX2 (emulated")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "fma"])  # a real AVX2-only CPU
+    assert not machine.bf16_dot_products() and machine.cpu_class() == "AVX2 only"

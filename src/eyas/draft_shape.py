@@ -38,10 +38,11 @@ def parse_tree(tree: str | Sequence[int] | None) -> tuple[int, int, int] | None:
 
 
 def shape_label(shape: dict) -> str:
-    """{"draft_tokens": 4} -> "chain k=4"; {"tree": [5, 4, 16]} -> "tree 5,4,16"; a shape swept
-    without the n-gram branch ("ngram_tokens": 0) says so."""
+    """{"draft_tokens": 4} -> "chain k=4"; {"tree": [5, 4, 16]} -> "tree 5,4,16"; a shape swept with
+    its own n-gram branch says so: "chain k=1 without n-grams" (0), "chain k=1 + 2 n-gram tokens"."""
     label = "tree " + ",".join(str(v) for v in shape["tree"]) if "tree" in shape else f"chain k={shape['draft_tokens']}"
-    return label + (" without n-grams" if shape.get("ngram_tokens") == 0 else "")
+    ngram = shape.get("ngram_tokens")
+    return label + ("" if ngram is None else " without n-grams" if ngram == 0 else f" + {ngram} n-gram tokens")
 
 
 def decode_shape(shape: dict) -> dict:

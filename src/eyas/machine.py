@@ -67,9 +67,11 @@ def cpu_model() -> str:
 
 
 def bf16_dot_products() -> bool:
-    """Whether this CPU multiplies bf16 natively (x86 avx512_bf16 or AMX, Arm bf16): where it does not
-    (AVX2-only CPUs), bf16 products are emulated and run several times slower than fp32."""
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(cpu_flags()))
+    """Whether this CPU multiplies bf16 natively (x86 avx512_bf16 or AMX, Arm bf16) and torch may use it:
+    where it does not (AVX2-only CPUs, or torch capped to AVX2 as `cpu_class` says "emulated"), bf16
+    products are emulated and run several times slower than fp32."""
+    capped = platform.machine() in ("x86_64", "AMD64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT")
+    return not capped and bool({"avx512_bf16", "amx_bf16", "bf16"} & set(cpu_flags()))
 
 
 def cpu_class() -> str:

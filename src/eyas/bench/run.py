@@ -159,8 +159,8 @@ def _shapes(target_name: str, drafter: str | Path, dtype: torch.dtype, draft_tok
     found = (("quick sweep" if sweep_report.get("quick") else "sweep") if sweep_report
              else "sweep cache" if known else "default")
     chain = {"draft_tokens": draft_tokens or (known["best_chain"] if known else DEFAULT_DRAFT_TOKENS)}
-    if not draft_tokens and known and known.get("best_chain_ngram") == 0:  # swept faster without n-grams
-        chain["ngram_tokens"] = 0
+    if not draft_tokens and known and known.get("best_chain_ngram", known.get("ngram_tokens")) != known.get("ngram_tokens"):
+        chain["ngram_tokens"] = known["best_chain_ngram"]  # swept faster with its own n-gram branch
     tree_shape = {"tree": list(tree or (known["best_tree"] if known else DEFAULT_TREE))}
     generate_shape, generate_source = choose_shape(target_name, drafter, dtype, None, None)
     return {"eyas_chain": chain, "eyas_tree": tree_shape,

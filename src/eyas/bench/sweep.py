@@ -30,14 +30,16 @@ from eyas.machine import Contention, busy_note, quietest
 from eyas.target import Target
 
 SWEEP_CHAINS = tuple(range(1, 9))
-# chains also timed without the n-gram branch: its tokens ride along in every verify, free where a
-# verify over a few more tokens costs about one step (bf16 dot products), not on AVX2-only CPUs
+# short chains also timed with shorter n-gram branches (0: none): the branch's tokens ride along in
+# every verify, about free where a verify over a few more tokens costs one step (bf16 dot products);
+# on AVX2-only CPUs each token costs, and 2-4 pay where 8 do not (benchmarks/README.md)
 SWEEP_PLAIN_CHAINS = (1, 2, 3, 4)
+NGRAM_VARIANTS = (0, 2, 4)
 SWEEP_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16), (5, 8, 32), (6, 8, 48))
 # the sweep run when nothing is cached: these shapes and the target alone, QUICK_PROMPTS MT-bench
 # questions (spread over categories) x QUICK_TOKENS answer tokens
 QUICK_CHAINS = (1, 2, 3, 4, 6)
-QUICK_PLAIN_CHAINS = (1, 2, 3)
+QUICK_PLAIN_CHAINS = (1, 2)
 QUICK_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16))
 QUICK_PROMPTS, QUICK_TOKENS = 4, 48
 
@@ -57,7 +59,7 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
     QUICK_TREES and the target alone on `prompt_ids` (QUICK_PROMPTS MT-bench questions, chat template
     applied) x QUICK_TOKENS tokens. Says on stderr what it does and what it cost; caches and returns
     the quietest sweep's report."""
-    shapes = len(QUICK_CHAINS) + len(QUICK_PLAIN_CHAINS) * (ngram_tokens > 0) + len(QUICK_TREES)
+    shapes = len(QUICK_CHAINS) + len(_ngram_variants(QUICK_PLAIN_CHAINS, ngram_tokens)) + len(QUICK_TREES)
     why = "timed under load before" if previous is not None else "measured"
     print(f"eyas: no draft shape {why} for this target, draft, {short_name(dtype)} and machine: timing "
           f"{shapes} shapes and the target alone on {len(prompt_ids)} MT-bench questions x {QUICK_TOKENS} tokens "
@@ -81,6 +83,11 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
     return report
 
 
+def _ngram_variants(chains: Sequence[int], ngram_tokens: int) -> list[dict]:
+    """The `chains` with each n-gram branch of NGRAM_VARIANTS shorter than the default `ngram_tokens`."""
+    return [{"draft_tokens": k, "ngram_tokens": n} for k in chains for n in NGRAM_VARIANTS if n < ngram_tokens]
+
+
 def sweep_shapes(
     target: Target,
     drafter: Drafter,
@@ -95,8 +102,8 @@ def sweep_shapes(
     progress: bool = True,
 ) -> dict:
     """Time every chain length and tree shape on the prompts (greedy, each round's tree with an
-    n-gram branch of `ngram_tokens`; the `plain_chains` also without it: such a shape carries
-    "ngram_tokens": 0), and the target alone; the fastest shape wins.
+    n-gram branch of `ngram_tokens`; the `plain_chains` also with each shorter NGRAM_VARIANTS branch:
+    such a shape carries its "ngram_tokens", 0 for none), and the target alone; the fastest shape wins.
 
     Shapes are interleaved prompt by prompt, so slow drifts in machine load hit them alike. Returns
     `results` (shape, tokens_per_s, tau per shape), `best` (the fastest shape of all), `best_chain`
@@ -104,8 +111,8 @@ def sweep_shapes(
     (whether `best` beat it: where it did not, `eyas generate` decodes without the draft), and
     `others_cpu_share`: how much of the CPU other processes took meanwhile (eyas.machine.Contention).
     """
-    plain = [{"draft_tokens": k, "ngram_tokens": 0} for k in plain_chains] if ngram_tokens else []
-    shapes = [{"draft_tokens": k} for k in chains] + plain + [{"tree": list(t)} for t in trees]
+    shapes = ([{"draft_tokens": k} for k in chains] + _ngram_variants(plain_chains, ngram_tokens)
+              + [{"tree": list(t)} for t in trees])
     runners = {i: eyas_runner(target, drafter, stops, s, ngram_tokens) for i, s in enumerate(shapes)}
     runners["target"] = eyas_runner(target, None, stops, {})
     others = Contention()
