@@ -41,7 +41,7 @@ SWEEP_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16), (5, 8, 32), (6, 8, 48))
 QUICK_CHAINS = (1, 2, 3, 4, 6)
 QUICK_PLAIN_CHAINS = (1, 2)
 QUICK_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16))
-QUICK_PROMPTS, QUICK_TOKENS = 4, 48
+QUICK_PROMPTS, QUICK_TOKENS = 4, 96  # answers long enough for an n-gram branch to find repeats
 
 
 def save_sweep(target: Target, drafter: str | Path, dtype: torch.dtype, report: dict, *, prompts: int,
