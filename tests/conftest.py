@@ -36,6 +36,19 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def fake_dtype_measurement(calls: list, faster: str):
+    """A stand-in for eyas.dtype_choice.measure_dtypes: `faster` ("bf16" or "fp32") wins, each call
+    is recorded in `calls`, and the Hugging Face baselines run greedy in bf16, lookup in fp32."""
+    slower = "fp32" if faster == "bf16" else "bf16"
+
+    def measure(spec, **kw):
+        calls.append(spec)
+        return {"dtype": faster, "forward_ms": {faster: {"1": 5.0}, slower: {"1": 9.0}}, "sizes": [1],
+                "hf_dtypes": {"hf_greedy": "bf16", "hf_prompt_lookup": "fp32"}}
+
+    return measure
+
+
 def tiny_contract(**overrides) -> DraftContract:
     """A tiny draft: hidden 64, 4 heads (2 kv), vocab 256 with a 64-token draft vocab."""
     base = dict(

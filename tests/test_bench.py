@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from conftest import random_tensors, tiny_contract
+from conftest import fake_dtype_measurement, random_tensors, tiny_contract
 from test_data import save_tiny_target
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -104,7 +104,7 @@ def decode_tau(target, draft, shape: dict, *, max_new_tokens: int, ngram_tokens:
     for record in PROMPTS:
         ids = chat_ids(target_model, record["prompt"], max_new_tokens=max_new_tokens)
         _, stats = generate(target_model, drafter, ids, max_new_tokens=max_new_tokens,
-                            stop_ids=eos_ids(target_model), ngram_tokens=ngram_tokens, **decode_shape(shape))
+                            stop_ids=eos_ids(target_model), **decode_shape(shape, ngram_tokens))
         produced += sum((a + 1) * c for a, c in enumerate(stats["accept_counts"]))
         rounds += stats["rounds"]
     return produced / rounds
@@ -434,13 +434,7 @@ def test_dtype_auto_is_measured_once_per_machine(saved, monkeypatch):
     assert set(measured["forward_ms"]) == {"bf16", "fp32"} and measured["sizes"] == [1, 3]
     assert measured["dtype"] == min(measured["forward_ms"], key=lambda d: dtype_choice.per_token_ms(measured["forward_ms"][d]))
     calls = []
-
-    def fake(spec, **kw):
-        calls.append(spec)
-        return {"dtype": "fp32", "forward_ms": {"bf16": {"1": 9.0}, "fp32": {"1": 5.0}}, "sizes": [1],
-                "hf_dtypes": {"hf_greedy": "bf16", "hf_prompt_lookup": "fp32"}}
-
-    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake)
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake_dtype_measurement(calls, "fp32"))
     assert resolve_dtype("auto", target) == (torch.float32, "auto: measured on this machine")
     assert resolve_dtype("AUTO", target) == (torch.float32, "auto: measured on this machine (cached)")
     assert resolve_dtype("bf16", target) == (torch.bfloat16, "given") and len(calls) == 1

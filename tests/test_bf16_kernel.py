@@ -37,7 +37,7 @@ def avx2_like(monkeypatch):
 @pytest.fixture
 def fresh_build(monkeypatch, tmp_path):
     """A private kernel cache (the user's is never written), and the built library forgotten before
-    and after the test: each test builds it (under a second)."""
+    and after the test: each test builds it (under a second on a 2-core AVX-512 EPYC)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     bf16_kernel._library.cache_clear()
     yield

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import fake_dtype_measurement
 
 import eyas.bench.sweep as sweep_module
 import eyas.generate as generate_module
@@ -71,7 +72,8 @@ def test_provisional_timings_are_repeated_and_the_quietest_stands():
 
 def test_a_shape_timed_under_load_is_timed_again_at_the_next_run(monkeypatch, capsys):
     """The failure this guards against: a quick sweep under load 4-7 turned the draft off, and that
-    verdict was cached for good although the chain was 1.57x faster on the quiet machine."""
+    verdict was cached for good although the chain was 1.57x faster on the quiet machine (the
+    AVX-512 + avx512_bf16 EPYC, benchmarks/README.md)."""
     loads = [0.7, 0.05]  # others' share during the first and the second quick sweep
     verdicts = [False, True]  # under load nothing beat the target alone; quiet, the chain did
 
@@ -100,13 +102,7 @@ def test_a_dtype_timed_under_load_serves_the_run_and_is_timed_again_at_the_next(
     from eyas import dtype_choice
 
     calls = []
-
-    def fake(spec, **kw):
-        calls.append(spec)
-        return {"dtype": "bf16", "forward_ms": {"bf16": {"1": 5.0}, "fp32": {"1": 9.0}}, "sizes": [1],
-                "hf_dtypes": {"hf_greedy": "bf16", "hf_prompt_lookup": "fp32"}}
-
-    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake)
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake_dtype_measurement(calls, "bf16"))
     monkeypatch.setattr(dtype_choice, "_THIS_RUN", {})
     monkeypatch.setattr(dtype_choice, "_key", lambda target: ["tiny", "this machine"])
     # others keep every core busy during the first timing, none during the second

@@ -322,6 +322,24 @@ def test_resume_after_sigkill_reaches_the_same_weights(target_dir, captured, tmp
     assert steps == list(range(1, 31))  # records past the checkpoint were dropped, then rewritten
 
 
+GLOO_ABORT = b"terminate called without an active exception"
+
+
+def torchrun_train(captured: Path, tmp_path: Path, target_dir: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """`torchrun --nproc_per_node=2 -m eyas train` (gloo), and the run's folder. On 2 cores rank 1 has
+    aborted with GLOO_ABORT in about 1 run in 5 of the whole suite (cause not found; the note of
+    2026-12-05 says what was tried): that abort, and only it, is run once more in a fresh folder."""
+    env2 = {k: v for k, v in env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    for attempt in ("ddp", "ddp-again"):
+        c2 = config(captured, tmp_path / attempt, target_dir, epochs=2, save_every=0)
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "eyas", "train",
+               *flags(c2), "--json"]
+        proc = subprocess.run(cmd, env=env2, capture_output=True, timeout=300)
+        if proc.returncode == 0 or GLOO_ABORT not in proc.stderr:
+            break
+    return proc, tmp_path / attempt
+
+
 def test_two_processes_match_one_with_the_same_global_batch(target_dir, captured, tmp_path):
     """torchrun --nproc_per_node=2 (gloo) vs one process, fp32, same global batches.
 
@@ -330,24 +348,18 @@ def test_two_processes_match_one_with_the_same_global_batch(target_dir, captured
     differs; over 8 AdamW steps that gives ~1e-7. A wrong split (a sample twice or dropped, loss
     not normalised by the global token count) is off by 1e-4 or more.
     """
-    c2 = config(captured, tmp_path / "ddp", target_dir, epochs=2, save_every=0)
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "eyas", "train",
-           *flags(c2), "--json"]
-    env2 = {k: v for k, v in env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    # one after the other: with the single run beside it (three processes on two cores) rank 1 aborted
-    # at about 1 run in 10 under load ("terminate called without an active exception"; cause not found)
-    proc = subprocess.run(cmd, env=env2, capture_output=True, timeout=300)
+    proc, out = torchrun_train(captured, tmp_path, target_dir)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     single = train(config(captured, tmp_path / "one", target_dir, epochs=2, save_every=0))
     ddp = json.loads(proc.stdout)
     assert ddp["world_size"] == 2 and ddp["steps"] == single["steps"] >= 6
-    a, b = draft_tensors(tmp_path / "one"), draft_tensors(tmp_path / "ddp")
+    a, b = draft_tensors(tmp_path / "one"), draft_tensors(out)
     for k in a:
         if a[k].is_floating_point():
             assert torch.allclose(a[k], b[k], rtol=0, atol=1e-5), (k, (a[k] - b[k]).abs().max())
         else:
             assert torch.equal(a[k], b[k])
-    one, two = log_records(tmp_path / "one"), log_records(tmp_path / "ddp")
+    one, two = log_records(tmp_path / "one"), log_records(out)
     assert [r["positions_by_step"] for r in one] == [r["positions_by_step"] for r in two]
     for key in ("loss", "grad_norm"):  # grad_norm: AdamW would hide a gradient off by a constant factor
         assert [r[key] for r in one] == pytest.approx([r[key] for r in two], rel=1e-5), key

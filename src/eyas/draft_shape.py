@@ -45,9 +45,10 @@ def shape_label(shape: dict) -> str:
     return label + ("" if ngram is None else " without n-grams" if ngram == 0 else f" + {ngram} n-gram tokens")
 
 
-def decode_shape(shape: dict) -> dict:
-    """A shape as eyas.decode.generate's keywords."""
-    return {k: tuple(v) if k == "tree" else v for k, v in shape.items()}
+def decode_shape(shape: dict, ngram_tokens: int) -> dict:
+    """A shape as eyas.decode.generate's keywords, with the n-gram branch it was swept with, else
+    `ngram_tokens` (the caller's default)."""
+    return {"ngram_tokens": ngram_tokens, **{k: tuple(v) if k == "tree" else v for k, v in shape.items()}}
 
 
 # --- the cache of the best shape, per target, drafter, dtype and machine ---------------------------

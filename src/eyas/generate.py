@@ -180,7 +180,7 @@ def run_generate(
     out, stats = generate(
         target_model, None if alone else draft, ids, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, stop_ids=stops, seed=seed, on_tokens=streamer,
-        **{"ngram_tokens": 0 if alone else ngram_tokens, **decode_shape(shape)},  # a swept shape's n-grams win
+        **decode_shape(shape, 0 if alone else ngram_tokens),
     )
     if streamer is not None:
         streamer.close()

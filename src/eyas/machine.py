@@ -211,6 +211,12 @@ def quietest(entry: dict, previous: dict | None) -> dict:
     return {**entry, "attempts": attempts}
 
 
+def say_if_busy(entry: dict) -> None:
+    """Print `busy_note` on stderr for a provisional timing; nothing for a quiet one."""
+    if entry.get("busy"):
+        print(busy_note(entry), file=sys.stderr)
+
+
 def busy_note(entry: dict) -> str:
     """One stderr line for a provisional timing ('' for a settled one)."""
     if not entry.get("busy"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from eyas.dtypes import AUTO, is_auto
 from eyas.dtypes import short_name, to_dtype
 from eyas.errors import EyasError
 from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, measure_shape
-from eyas.machine import busy_note, quietest
+from eyas.machine import quietest, say_if_busy
 from eyas.target import Target
 
 DEFAULT_TREE = (5, 4, 16)  # 16 draft nodes: the tree when neither --tree nor a sweep gives one
@@ -92,8 +91,7 @@ def run_bench(
                                              ngram_tokens=ngram_tokens, progress=progress), None)
         sweep_report["cache"] = str(save_sweep(target_model, drafter, dtype, sweep_report, prompts=len(items),
                                                max_new_tokens=max_new_tokens))
-        if sweep_report["busy"]:
-            print(busy_note(sweep_report), file=sys.stderr)
+        say_if_busy(sweep_report)
     elif draft_tokens is None or tree is None:
         known = read_best_shape(target_model.name, drafter, dtype)
         if needs_sweep(known):
@@ -159,8 +157,9 @@ def _shapes(target_name: str, drafter: str | Path, dtype: torch.dtype, draft_tok
     found = (("quick sweep" if sweep_report.get("quick") else "sweep") if sweep_report
              else "sweep cache" if known else "default")
     chain = {"draft_tokens": draft_tokens or (known["best_chain"] if known else DEFAULT_DRAFT_TOKENS)}
-    if not draft_tokens and known and known.get("best_chain_ngram", known.get("ngram_tokens")) != known.get("ngram_tokens"):
-        chain["ngram_tokens"] = known["best_chain_ngram"]  # swept faster with its own n-gram branch
+    swept_ngram = known.get("best_chain_ngram") if known and not draft_tokens else None
+    if swept_ngram is not None and swept_ngram != known["ngram_tokens"]:  # faster with its own n-gram branch
+        chain["ngram_tokens"] = swept_ngram
     tree_shape = {"tree": list(tree or (known["best_tree"] if known else DEFAULT_TREE))}
     generate_shape, generate_source = choose_shape(target_name, drafter, dtype, None, None)
     return {"eyas_chain": chain, "eyas_tree": tree_shape,

@@ -26,7 +26,7 @@ from eyas.bench.timing import eyas_runner, summary, time_interleaved
 from eyas.draft_shape import save_best_shape, shape_label
 from eyas.drafter import Drafter
 from eyas.dtypes import short_name
-from eyas.machine import Contention, busy_note, quietest
+from eyas.machine import Contention, quietest, say_if_busy
 from eyas.target import Target
 
 SWEEP_CHAINS = tuple(range(1, 9))
@@ -78,8 +78,7 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
     print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s; took "
           f"{report['seconds']:.0f} s, cached in {report['cache']} (measured again by `eyas bench --sweep`)",
           file=sys.stderr)
-    if report["busy"]:
-        print(busy_note(report), file=sys.stderr)
+    say_if_busy(report)
     return report
 
 

@@ -71,7 +71,7 @@ def eyas_runner(target: Target, drafter: Drafter | None, stops: list[int], shape
                 ngram_tokens: int = 0) -> Runner:
     def run(ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
         out, stats = generate(target, drafter, ids, max_new_tokens=max_new_tokens, stop_ids=stops,
-                              **{"ngram_tokens": ngram_tokens, **decode_shape(shape)})
+                              **decode_shape(shape, ngram_tokens))
         return out[0, len(ids) :].tolist(), stats
 
     return run

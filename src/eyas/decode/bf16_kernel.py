@@ -3,14 +3,14 @@
 Why: where the CPU has no bf16 dot products (AVX2 only), oneDNN cannot pack bf16 weights and
 torch's plain bf16 product is fast for one row (a matrix-vector kernel reading half of fp32's bytes)
 but costs about one more such step per extra row, so a verify over 5 tokens costs 4.5 one-token
-steps and speculation cannot pay (benchmarks/bench_linears.py). `bf16_avx2.c`, beside this file,
-streams each weight row once, widens it to fp32 in registers and multiplies it with up to 8 rows at
-a time, summing in fp32. Its products are the ones torch's bf16 kernels compute (a bf16 times a bf16
+steps and speculation cannot pay (benchmarks/bench_linears.py, AVX2 emulated on an AVX-512 EPYC).
+`bf16_avx2.c`, beside this file, streams each weight row once, widens it to fp32 in registers and
+multiplies it with up to 8 rows at a time, summing in fp32. Its products are the ones torch's bf16 kernels compute (a bf16 times a bf16
 is exact in fp32); only the order of the sum differs, and it does not depend on how many rows are
 multiplied at once, so a verify gives each token what a one-token step gives it.
 
 The kernel is compiled once per machine with the system's C compiler (cc, -O3 -mavx2 -mfma
--fopenmp, under a second) into `$XDG_CACHE_HOME/eyas/kernels/`, and loaded with ctypes. Its OpenMP
+-fopenmp, under a second on a 2-core AVX-512 EPYC) into `$XDG_CACHE_HOME/eyas/kernels/`, and loaded with ctypes. Its OpenMP
 runtime is torch's (the same soname, already loaded), so torch.set_num_threads applies to it. Where
 the CPU lacks AVX2 and FMA, there is no compiler, or EYAS_BF16_KERNEL=0 is set (to time the
 difference), `available()` is False and bf16 products stay on torch's kernels.
