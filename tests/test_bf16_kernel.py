@@ -1,6 +1,6 @@
 """eyas.decode.bf16_kernel: bf16 weights times a few rows where oneDNN cannot pack bf16 (AVX2-only
 CPUs). Its products must be torch's bf16 products summed in fp32, independent of how many rows are
-multiplied at once, so that greedy speculative decoding in bf16 stays the target's own decoding.
+multiplied at once, so that a verify's products are what one-token steps compute.
 The CPUs tests run on can pack bf16, so the tests take oneDNN's packing away to reach the kernel."""
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ def test_packed_linear_takes_the_kernel_where_bf16_cannot_be_packed(avx2_like):
     assert not PackedLinear([torch.nn.Linear(32, 8)]).native  # fp32 packs as before
 
 
-def test_greedy_bf16_decoding_on_the_kernel_is_the_targets_own(tmp_path, avx2_like):
+def test_greedy_bf16_decoding_on_the_kernel_follows_the_target(tmp_path, avx2_like):
+    """A wrong product anywhere in the verify would leave the target's greedy path. This seeded tiny
+    target has no near-tie in its 24 tokens; on a real one bf16 can flip a near-tie, because the
+    verify's attention rounds differently from a one-token step's (benchmarks/README.md)."""
     target = build_target(tmp_path, 7, **GREEDY_TARGET)
     target.model.to(torch.bfloat16)
     drafter = random_drafter(target, tiny_contract()).to(torch.bfloat16)

@@ -103,6 +103,35 @@ def test_a_ref_resolves_once_and_passes_through(sharded):
     assert TargetRef.resolve(str(folder / "config.json")).path == folder
 
 
+def test_init_refuses_default_capture_layers_a_small_target_cannot_have(tmp_path, capsys):
+    """(2, N//2, N-3) for 6 layers is [2, 3, 3]: a draft written with it is refused by every loader."""
+    from test_target import save_tiny
+
+    folder = save_tiny(tmp_path / "six")
+    assert main(["init", str(tmp_path / "draft"), "--target", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "[2, 3, 3]" in err and "--capture-layers" in err and "Traceback" not in err
+    assert not (tmp_path / "draft").exists()
+
+
+def test_a_tied_head_and_the_borrowed_embeddings_are_read_once_in_any_dtype(tmp_path):
+    """A draft without embeddings borrows the target's; a tied lm_head is the same matrix. Run in
+    another dtype than stored, both get the one converted copy (for a 128k x 8192 target, 2 GB read once)."""
+    from eyas.drafter_loading import load_drafter_and_config
+    from test_target import save_tiny
+
+    folder = save_tiny(tmp_path / "tied", tie_word_embeddings=True)  # stored in fp32
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,3,5"]) == 0
+    ref = TargetRef.resolve(folder, dtype=torch.bfloat16)
+    drafter, _ = load_drafter_and_config(draft, target=ref, dtype=torch.bfloat16)
+    head = ref.head()
+    assert head.lm_head is drafter.embed_tokens.weight and head.lm_head.dtype == torch.bfloat16
+    assert ref.read == ["model.embed_tokens.weight", "model.norm.weight"]
+    assert ref.tensors(["embed_tokens.weight"])["embed_tokens.weight"].dtype == torch.float32  # as stored
+    assert ref.read.count("model.embed_tokens.weight") == 2  # nothing held the stored copy: read again
+
+
 @pytest.mark.parametrize("verb", [
     ["eval", "--data", "SHARDS"], ["doctor"], ["generate", "--prompt", "hi"], ["bench", "--limit", "1"],
     ["capture", "--out", "OUT", "--limit", "1"], ["serve-check", "--limit", "1"],

@@ -279,7 +279,8 @@ def contract_for_target(
     if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
         scaling = None
     vd = V if draft_vocab_size is None else draft_vocab_size
-    return DraftContract(
+    defaulted = capture_layers is None
+    contract = DraftContract(
         hidden_size=H,
         num_attention_heads=heads,
         num_key_value_heads=text.get("num_key_value_heads") or heads,
@@ -288,7 +289,7 @@ def contract_for_target(
         vocab_size=V,
         draft_vocab_size=vd,
         target_hidden_size=H,
-        capture_layers=tuple(capture_layers) if capture_layers is not None else default_capture_layers(N),
+        capture_layers=default_capture_layers(N) if defaulted else tuple(capture_layers),
         rms_norm_eps=text.get("rms_norm_eps", 1e-6),
         rope_theta=f["rope_theta"],
         rope_scaling=scaling,
@@ -305,3 +306,9 @@ def contract_for_target(
             vocab_size=V,
         ),
     )
+    problems = check_capture_layers(contract, N)
+    if problems:  # a draft written with them would be refused by every loader, eyas's first
+        why = f"the default (2, N//2, N-3) for {N} layers: " if defaulted else ""
+        raise ContractError(f"{name or f['name_or_path'] or 'the target'}: {why}{'; '.join(problems)}",
+                            f"pass --capture-layers a,b,c with 0 <= a < b < c <= {N}")
+    return contract

@@ -76,7 +76,7 @@ def load_drafter_and_config(
         c = ckpt.contract
         check_fits_memory(c.vocab_size * c.hidden_size * torch.empty(0, dtype=dtype).element_size(), ref.device,
                           f"the target's embeddings for draft {folder} in {short_name(dtype)}")
-    embed = None if ckpt.contract.has_embeddings else ref.embeddings()
+    embed = None if ckpt.contract.has_embeddings else ref.embeddings(dtype, ref.device)
     with _naming(ckpt):
         drafter = Drafter.from_tensors(ckpt.contract, ckpt.tensors, embed_tokens=embed, dtype=dtype)
     return drafter.to(ref.device), ckpt.config_path

@@ -132,35 +132,41 @@ class TargetRef:
 
     # --- tensors, read by name ----------------------------------------------------------------
 
-    def tensors(self, names: Iterable[str]) -> dict[str, Tensor]:
+    def tensors(self, names: Iterable[str], *, dtype: torch.dtype | None = None,
+                device: torch.device | None = None) -> dict[str, Tensor]:
         """Only the named tensors, from only the shards that hold them (the model is never built).
 
         `embed_tokens.weight`, `norm.weight` and `lm_head.weight` are the drafter's names for the
         target's tensors (lm_head is the embedding matrix when tied); any other name is read as
-        written on disk. Keyed by the names asked for.
+        written on disk. Keyed by the names asked for; floats converted to `dtype` and moved to
+        `device` where given. A tensor still in use, as stored or converted, is handed out again
+        rather than read again: the draft's borrowed embeddings and a tied lm_head are one read.
         """
         names = list(names)
         on_disk = {n: HF_NAMES.get(n, n) for n in names}
         if "lm_head.weight" in names and self.tied_embeddings():
             on_disk["lm_head.weight"] = HF_NAMES["embed_tokens.weight"]
-        found = {hf: self._alive[hf] for hf in set(on_disk.values()) if hf in self._alive}
-        missing = set(on_disk.values()) - set(found)
+        wanted = set(on_disk.values())
+        found = {hf: self._alive[(hf, dtype, device)] for hf in wanted if (hf, dtype, device) in self._alive}
+        stored = {hf: self._alive[(hf, None, None)] for hf in wanted - set(found) if (hf, None, None) in self._alive}
+        missing = wanted - set(found) - set(stored)
         fresh = read_tensors(self.folder, missing) if missing else {}
         self.read.extend(sorted(fresh))
-        self._alive.update(fresh)
-        found.update(fresh)
+        for hf, t in {**stored, **fresh}.items():
+            self._alive[(hf, None, None)] = t
+            found[hf] = self._alive[(hf, dtype, device)] = _placed(t, dtype, device)
         return {n: found[hf] for n, hf in on_disk.items()}
 
-    def embeddings(self) -> Tensor:
+    def embeddings(self, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Tensor:
         """The target's input embeddings [V, H]: what a draft without its own embed_tokens uses."""
-        return self.tensors(["embed_tokens.weight"])["embed_tokens.weight"]
+        return self.tensors(["embed_tokens.weight"], dtype=dtype, device=device)["embed_tokens.weight"]
 
     def head(self, dtype: torch.dtype | None = None) -> TargetHead:
         """The final norm and lm_head on this ref's device, lm_head in `dtype` (default: the ref's)."""
-        t = self.tensors(["norm.weight", "lm_head.weight"])
+        lm_head = self.tensors(["lm_head.weight"], dtype=dtype or self.dtype, device=self.device)["lm_head.weight"]
+        norm = self.tensors(["norm.weight"], device=self.device)["norm.weight"]
         eps = float(self.text_config.get("rms_norm_eps") or 1e-6)
-        return TargetHead(t["lm_head.weight"].to(self.device, dtype or self.dtype),
-                          t["norm.weight"].to(self.device), eps)
+        return TargetHead(lm_head, norm, eps)
 
     def tied_embeddings(self) -> bool:
         """lm_head shares embed_tokens: as config.json says, else when the weights hold no lm_head.
@@ -181,6 +187,11 @@ class TargetRef:
         """The weights' size once loaded in `dtype` (default: this ref's), from the files' headers."""
         return weight_bytes(self.folder, dtype or self.dtype)
 
+
+
+def _placed(t: Tensor, dtype: torch.dtype | None, device: torch.device | None) -> Tensor:
+    """`t` in `dtype` (floats only) on `device`; None keeps what it has (and `t` itself)."""
+    return t.to(device=device or t.device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
 
 
 def _tensor_names(folder: Path) -> set[str]:

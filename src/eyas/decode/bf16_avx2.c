@@ -1,16 +1,16 @@
 /* y = x @ w.T for bf16 weights w [N, K] (raw bits), fp32 rows x [M, K] and y [M, N]; K % 8 == 0.
  *
  * Every weight row is streamed once from memory, widened to fp32 in registers (bf16 is the top half
- * of an fp32) and multiplied with up to 8 input rows at a time, 8 lanes per step, summed in fp32.
- * y[m, n] is the same sum in the same order whatever M is and wherever row m sits: a verify over
- * many tokens gives each token exactly what a step over that token alone gives.
+ * of an fp32) and multiplied with up to 6 input rows at a time, 16 lanes per step in two fp32 sums.
+ * y[m, n] is the same sum in the same order whatever M is and wherever row m sits: a verify's
+ * products give each token exactly what a step over that token alone gives.
  * Built by eyas.decode.bf16_kernel with -O3 -mavx2 -mfma -fopenmp; the loop over weight rows is
  * split over OpenMP threads (torch's runtime, so torch.set_num_threads applies). */
 #include <immintrin.h>
 #include <stdint.h>
 
 #define INLINE static inline __attribute__((always_inline))
-#define MAX_ROWS 8 /* input rows per pass: 8 accumulators + a weight and an input vector in 16 registers */
+#define MAX_ROWS 6 /* input rows per pass: 12 accumulators + two weight vectors in 16 registers */
 #define CHUNK 64   /* weight rows per OpenMP work item */
 
 INLINE __m256 load_bf16(const uint16_t *p) {
@@ -24,19 +24,29 @@ INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* y[m0 .. m0+rows, n] for one weight row n; `rows` is a constant where inlined, so acc stays in registers */
+/* y[m0 .. m0+rows, n] for one weight row n; `rows` is a constant where inlined, so acc stays in registers.
+ * Each row sums into two accumulators (lanes of k mod 16 < 8, and the rest), added at the end: two
+ * independent FMA chains per row keep the FMA units busy where one chain would wait on its latency. */
 INLINE void dot_rows(const float *x, int64_t K, const uint16_t *w, int64_t N, float *y, int64_t n, int64_t m0,
                      const int rows) {
-    __m256 acc[MAX_ROWS];
-    _Pragma("GCC unroll 8") for (int i = 0; i < rows; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc0[MAX_ROWS], acc1[MAX_ROWS];
+    _Pragma("GCC unroll 8") for (int i = 0; i < rows; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
     const uint16_t *wn = w + n * K;
     const float *xm = x + m0 * K;
-    for (int64_t k = 0; k < K; k += 8) {
-        __m256 wv = load_bf16(wn + k);
-        _Pragma("GCC unroll 8") for (int i = 0; i < rows; i++)
-            acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xm + i * K + k), acc[i]);
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256 w0 = load_bf16(wn + k), w1 = load_bf16(wn + k + 8);
+        _Pragma("GCC unroll 8") for (int i = 0; i < rows; i++) {
+            acc0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xm + i * K + k), acc0[i]);
+            acc1[i] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xm + i * K + k + 8), acc1[i]);
+        }
     }
-    _Pragma("GCC unroll 8") for (int i = 0; i < rows; i++) y[(m0 + i) * N + n] = hsum(acc[i]);
+    if (k < K) { /* K % 16 == 8: the last 8 lanes */
+        __m256 w0 = load_bf16(wn + k);
+        _Pragma("GCC unroll 8") for (int i = 0; i < rows; i++)
+            acc0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xm + i * K + k), acc0[i]);
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < rows; i++) y[(m0 + i) * N + n] = hsum(_mm256_add_ps(acc0[i], acc1[i]));
 }
 
 #define ROWS_CASE(R) case R: for (int64_t n = lo; n < hi; n++) dot_rows(x, K, w, N, y, n, m0, R); break;
@@ -46,10 +56,9 @@ void bf16_weight_mm(const float *x, int64_t M, int64_t K, const uint16_t *w, int
     #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < (N + CHUNK - 1) / CHUNK; c++) {
         const int64_t lo = c * CHUNK, hi = lo + CHUNK < N ? lo + CHUNK : N;
-        for (int64_t p = 0, m0 = 0; p < passes; p++) { /* M split into near-equal passes of <= 8 rows */
+        for (int64_t p = 0, m0 = 0; p < passes; p++) { /* M split into near-equal passes of <= MAX_ROWS rows */
             const int64_t rows = (M - m0 + passes - p - 1) / (passes - p);
-            switch (rows) { ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
-                            ROWS_CASE(7) ROWS_CASE(8) }
+            switch (rows) { ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) }
             m0 += rows;
         }
     }

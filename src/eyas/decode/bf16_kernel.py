@@ -5,9 +5,13 @@ torch's plain bf16 product is fast for one row (a matrix-vector kernel reading h
 but costs about one more such step per extra row, so a verify over 5 tokens costs 4.5 one-token
 steps and speculation cannot pay (benchmarks/bench_linears.py, AVX2 emulated on an AVX-512 EPYC).
 `bf16_avx2.c`, beside this file, streams each weight row once, widens it to fp32 in registers and
-multiplies it with up to 8 rows at a time, summing in fp32. Its products are the ones torch's bf16 kernels compute (a bf16 times a bf16
-is exact in fp32); only the order of the sum differs, and it does not depend on how many rows are
-multiplied at once, so a verify gives each token what a one-token step gives it.
+multiplies it with up to 6 rows at a time, summing in fp32. Its products are the ones torch's bf16
+kernels compute (a bf16 times a bf16 is exact in fp32); only the order of the sum differs, and it
+does not depend on how many rows are multiplied at once: a verify's products give each token what a
+one-token step's give it. The attention between them does not: it sums over the keys a forward
+passes (a verify's row sees masked keys beyond its own), which changes the last bit in fp32 and,
+once rounded to bf16, sometimes an argmax. So greedy bf16 decoding is the target's own up to such
+near-ties, as on every CPU; fp32 is token for token (measured on SmolLM2: benchmarks/README.md).
 
 The kernel is compiled once per machine with the system's C compiler (cc, -O3 -mavx2 -mfma
 -fopenmp, under a second on a 2-core AVX-512 EPYC) into `$XDG_CACHE_HOME/eyas/kernels/`, and loaded with ctypes. Its OpenMP
