@@ -18,6 +18,7 @@ from torchrun's environment, and only rank 0 writes files and returns the summar
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import sys
@@ -65,6 +66,9 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         return _Run(config, rank, world_size).run()
     finally:
         if started:
+            # whatever still holds the process group (a DDP wrapper in a reference cycle) must let go of it
+            # now: freed later, at interpreter exit, gloo's threads abort the process
+            gc.collect()
             dist.destroy_process_group()
 
 
@@ -98,13 +102,18 @@ class _Run:
         self.t_start = time.perf_counter()
 
     def run(self) -> dict[str, Any] | None:
-        with on_signals(self.resume_note) as self.guard:  # Ctrl-C / SIGTERM: eyas.interrupt
-            self.setup()
-            self.load_data()
-            self.build_model()
-            self.build_optimiser()
-            self.step_loop()
-            return self.export() if self.main else None
+        try:
+            with on_signals(self.resume_note) as self.guard:  # Ctrl-C / SIGTERM: eyas.interrupt
+                self.setup()
+                self.load_data()
+                self.build_model()
+                self.build_optimiser()
+                self.step_loop()
+                return self.export() if self.main else None
+        finally:
+            # the guard holds self.resume_note: without this cycle the run, and the DDP wrapper that holds
+            # the process group, go when the run returns, not at a later garbage collection (train())
+            del self.guard
 
     def resume_note(self) -> str:
         """What an interrupted run left, and how to resume it."""
