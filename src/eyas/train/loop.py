@@ -111,9 +111,9 @@ class _Run:
                 self.step_loop()
                 return self.export() if self.main else None
         finally:
-            # the guard holds self.resume_note: without this cycle the run, and the DDP wrapper that holds
-            # the process group, go when the run returns, not at a later garbage collection (train())
-            del self.guard
+            # the guard holds self.resume_note: broken, this cycle no longer keeps the run, and the DDP
+            # wrapper that holds the process group, alive until a later garbage collection (train())
+            self.guard = None
 
     def resume_note(self) -> str:
         """What an interrupted run left, and how to resume it."""
