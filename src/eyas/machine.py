@@ -213,8 +213,9 @@ def quietest(entry: dict, previous: dict | None) -> dict:
 
 def say_if_busy(entry: dict) -> None:
     """Print `busy_note` on stderr for a provisional timing; nothing for a quiet one."""
-    if entry.get("busy"):
-        print(busy_note(entry), file=sys.stderr)
+    note = busy_note(entry)
+    if note:
+        print(note, file=sys.stderr)
 
 
 def busy_note(entry: dict) -> str:

@@ -10,8 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from eyas.data import Prompt, json_records, packaged_file, read_prompts
-from eyas.data.prompts import copy_heavy_file
+from eyas.data import Prompt, copy_heavy_file, json_records, packaged_file, read_prompts
 from eyas.errors import EyasError, FormatError
 
 PROMPT_SETS = ("mtbench", "humaneval", "copy")
