@@ -9,7 +9,10 @@ on a SpecForge-format cache of random features written here. Random weights make
 meaningless but cost exact. Each shape runs in its own process, so peak memory is that shape's.
 
     python benchmarks/bench_real_sizes.py [--shapes llama-3.1-8b,qwen3-235b,deepseek-v3] [--device cpu]
-        [--samples 4 --tokens 512] [--out /tmp/eyas-real-sizes] [--json]
+        [--samples 4 --tokens 512] [--temperature T] [--no-doctor] [--out /tmp/eyas-real-sizes] [--json]
+
+`--temperature T` evaluates as `eyas eval --temperature T` does (the expected acceptance when serving
+samples, beside the greedy numbers); `--no-doctor` skips the doctor, so peak memory is eval's.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def build(shape: str, root: Path, samples: int, tokens: int) -> tuple[Path, Path
     return draft, target, cache
 
 
-def measure(shape: str, root: Path, device: str, samples: int, tokens: int) -> dict:
+def measure(shape: str, root: Path, device: str, samples: int, tokens: int, temperature: float = 0.0,
+            doctor: bool = True) -> dict:
     """One shape, in this process: build (not timed), then load, eval and doctor (timed)."""
     from eyas.doctor import diagnose
     from eyas.drafter_loading import load_drafter_and_config
@@ -114,16 +118,18 @@ def measure(shape: str, root: Path, device: str, samples: int, tokens: int) -> d
     load_s = time.perf_counter() - t0
     params = sum(p.numel() for p in drafter.parameters())
     del drafter
-    rep = evaluate(draft, data=cache, target=ref, dtype=torch.bfloat16, device=device, progress=False)
+    rep = evaluate(draft, data=cache, target=ref, dtype=torch.bfloat16, device=device, temperature=temperature,
+                   progress=False)
     t1 = time.perf_counter()
-    doc = diagnose(draft, target=target, features=cache, device=device, limit=samples, progress=False)
-    doctor_s = time.perf_counter() - t1
+    doc = diagnose(draft, target=target, features=cache, device=device, limit=samples, progress=False) if doctor else None
+    doctor_s = time.perf_counter() - t1 if doctor else None
     dims = dims_of(shape)
     return {"shape": shape, "source": f"tests/data/configs/specforge/{SHAPES[shape][0]}", "device": device, "draft_params": params,
             "draft_bytes_bf16": sum(f.stat().st_size for f in draft.glob("*.safetensors")),
             "load_s": round(load_s, 2), "eval_positions": rep["tokens"], "eval_s": rep["cost"]["measure_seconds"],
             "eval_positions_per_s": rep["cost"]["positions_per_s"], "eval_total_s": rep["cost"]["seconds"],
-            "doctor_s": round(doctor_s, 1), "doctor_verdict": doc["verdict"],
+            "temperature": temperature, "doctor_s": doctor_s and round(doctor_s, 1),
+            "doctor_verdict": doc and doc["verdict"],
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
             "cache_gb_per_1m_tokens": round(bytes_per_token(dims["hidden_size"]) * 1e6 / 1e9, 1)}
@@ -139,18 +145,21 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--temperature", type=float, default=0.0, help="also the sampled measures, as eval --temperature")
+    ap.add_argument("--no-doctor", action="store_true", help="skip the doctor: peak memory is eval's alone")
     ap.add_argument("--out", default="/tmp/eyas-real-sizes", help="where drafts, stand-ins and caches are written")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one shape in this process
     a = ap.parse_args()
     root = Path(a.out)
     if a.one:
-        print(json.dumps(measure(a.one, root, a.device, a.samples, a.tokens)))
+        print(json.dumps(measure(a.one, root, a.device, a.samples, a.tokens, a.temperature, not a.no_doctor)))
         return
     rows = []
     for shape in a.shapes.split(","):
         cmd = [sys.executable, __file__, "--one", shape, "--device", a.device, "--samples", str(a.samples),
-               "--tokens", str(a.tokens), "--out", str(root)]
+               "--tokens", str(a.tokens), "--out", str(root), "--temperature", str(a.temperature),
+               *(["--no-doctor"] if a.no_doctor else [])]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "EYAS_DEBUG": "1"})
         if out.returncode:
             sys.exit(f"{shape} failed:\n{out.stderr[-3000:]}")

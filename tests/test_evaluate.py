@@ -115,12 +115,16 @@ def tiny(tmp_path_factory):
 
 class Oracle(Drafter):
     """Predicts, at step j and draft position t, the stored token `shift` places after the
-    teacher-forced one: shift 0 is the truth on greedy data, anything else is misaligned."""
+    teacher-forced one: shift 0 is the truth on greedy data, anything else is misaligned. Its
+    states are its logits (`head` is the identity)."""
 
     shift = 0
 
+    def head(self, next_hidden):
+        return next_hidden
+
     def forward_ttt(self, features, input_ids, steps, *, next_ids=None, position_ids=None, document_ids=None,
-                    rows=None):
+                    rows=None, logits=True):
         B, T = input_ids.shape
         # stream[i] = x_{i+1}: the given tokens, then the teacher-forced ones, then padding
         stream = torch.cat([input_ids[:, :1], next_ids, next_ids.new_zeros(B, steps + 1)], dim=1)
@@ -298,7 +302,7 @@ def test_sample_predictions_equal_the_full_unroll_at_the_chain_starts(tiny, monk
     lm_head = target_tensors(folder, ["lm_head.weight"])["lm_head.weight"]
     for sample in open_shards(shards):
         with torch.inference_mode():
-            got = sample_predictions(d, sample, lm_head, 4, 3, logits=True)
+            got = sample_predictions(d, sample, lm_head, 4, 3, measure=lambda logits, rows: logits)
             # the reference: every position at every step, then the chain starts
             s = shift_for_draft(sample)
             starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
@@ -307,10 +311,10 @@ def test_sample_predictions_equal_the_full_unroll_at_the_chain_starts(tiny, monk
             truth, valid = chain_truth(sample["input_ids"], target_greedy(sample, lm_head), 4)
         T = sample["input_ids"].shape[0]
         if rows_min is None:
-            assert torch.equal(got["logits"], logits)
+            assert torch.equal(got["measured"], logits)
             assert torch.equal(got["topk"], d.to_target_ids(logits.topk(3, dim=-1).indices))
         else:
-            torch.testing.assert_close(got["logits"], logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got["measured"], logits, rtol=1e-5, atol=1e-5)
         assert torch.equal(got["truth"], truth[: T - 1][starts]) and torch.equal(got["valid"], valid[: T - 1][starts])
 
 

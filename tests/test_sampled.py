@@ -13,7 +13,7 @@ from eyas.cli import main
 from eyas.decode.accept import accept_chain_sampling, accept_tree_sampling
 from eyas.decode.sampling import Sampling
 from eyas.decode.tree import DraftTree, chain_tree
-from eyas.sampled import acceptance_probs, expected_tau, sample_alphas
+from eyas.sampled import acceptance_probs, alpha_measure, answer_depths, expected_tau
 from test_data import LAYERS
 from test_evaluate import tiny  # noqa: F401  (a fixture: a tiny target and its capture)
 
@@ -98,7 +98,7 @@ def test_tree_alpha_is_the_rate_a_first_level_child_is_accepted(k):
 
 
 @pytest.mark.parametrize("chunks", [False, True], ids=["whole", "chunked"])
-def test_sample_alphas_equal_the_full_vocabulary_computation(tiny, monkeypatch, chunks):
+def test_alpha_measure_equals_the_full_vocabulary_computation(tiny, monkeypatch, chunks):
     """The draft-vocab shortcut, and (chunked) blocks of starts and slices of lm_head, change nothing."""
     from conftest import random_tensors
 
@@ -107,7 +107,7 @@ def test_sample_alphas_equal_the_full_vocabulary_computation(tiny, monkeypatch, 
     from eyas.contract import contract_for_target
     from eyas.data import open_shards
     from eyas.drafter import Drafter
-    from eyas.evaluate import sample_predictions
+    from eyas.evaluate import first_answer_row, sample_predictions
     from eyas.target import target_config, target_tensors
 
     if chunks:
@@ -120,12 +120,15 @@ def test_sample_alphas_equal_the_full_vocabulary_computation(tiny, monkeypatch, 
     sample = next(iter(open_shards(shards)))
     T = 0.7
     with torch.inference_mode():
-        got = sample_predictions(d, sample, lm_head, 3, 2, logits=True)
-        alpha, valid = sample_alphas(d, sample, got["logits"], got["rows"], lm_head, T, 2)
+        first = first_answer_row(sample)
+        got = sample_predictions(d, sample, lm_head, 3, 2, measure=alpha_measure(d, sample, first, lm_head, T, 2))
+        alpha, valid = got["measured"], answer_depths(sample, got["rows"])
+        assert int(got["rows"].min()) >= first  # p is computed from the first answer position on
+        logits = sample_predictions(d, sample, lm_head, 3, 2, measure=lambda logits, rows: logits)["measured"]
         # reference: p and q over the whole target vocabulary (q zero outside the draft's)
         p = ((sample["last_hidden"] @ lm_head.T) / T).softmax(-1)[got["rows"]]  # [N, 3, V]
         q = torch.zeros_like(p)
-        q[..., d.to_target_ids(torch.arange(20))] = (got["logits"] / T).softmax(-1)
+        q[..., d.to_target_ids(torch.arange(20))] = (logits / T).softmax(-1)
         want = acceptance_probs(p, q, 2)
     torch.testing.assert_close(alpha, want, rtol=1e-5, atol=1e-6)
     assert valid[:, 0].all() and not valid[-1, 1]  # the last start's second token lies past the answer

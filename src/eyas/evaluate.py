@@ -18,6 +18,7 @@ import itertools
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ from eyas.devices import on_gpu
 from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
 from eyas.machine import bf16_dot_products
-from eyas.sampled import require_last_hidden, sample_alphas, sampled_report
+from eyas.sampled import alpha_measure, answer_depths, require_last_hidden, sampled_report
 from eyas.shift import label_ids, shift_for_draft
 from eyas.target import Target, TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, judged
@@ -117,6 +118,10 @@ def tree_tau(topk_ids: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor, d
     return float(1 + accepted[rows].sum(1).float().mean()) if rows.any() else float("nan")
 
 
+HEAD_ROWS = 256  # positions per full-vocabulary product: all of a 2048-token sample's logits over a
+# 128k vocabulary would be 1 GB in fp32, 256 rows are 131 MB
+
+
 def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0) -> torch.Tensor:
     """y_s = the target's greedy token after x_0..x_s, from the stored final-normed state: [T].
 
@@ -126,9 +131,10 @@ def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0)
     """
     if "greedy" in sample:
         return sample["greedy"]
-    # [T, H] @ [H, V] -> [T]; the argmax of the exact fp32 values (the same index: the first maximum),
-    # which torch finds several times faster than over bf16
-    y = (sample["last_hidden"][first:].to(lm_head.dtype) @ lm_head.T).float().argmax(-1)
+    h = sample["last_hidden"][first:].to(lm_head.dtype)
+    # [R, H] @ [H, V] -> [R], HEAD_ROWS rows at a time; the argmax of the exact fp32 values (the same
+    # index: the first maximum), which torch finds several times faster than over bf16
+    y = torch.cat([(h[r:r + HEAD_ROWS] @ lm_head.T).float().argmax(-1) for r in range(0, h.shape[0], HEAD_ROWS)])
     return torch.cat([y.new_full((first,), -1), y]) if first else y
 
 
@@ -138,20 +144,34 @@ def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0)
 ROWS_MIN = 32
 
 
+def first_answer_row(sample: dict) -> int:
+    """The sample's first answer position: every depth of every chain start is scored against the
+    target's distribution at or after it (`sample_predictions`' rows), so a measure needs the
+    target's distributions from here on only (the prompt can be long)."""
+    return int(sample["loss_mask"].int().argmax())
+
+
 def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, *,
-                       greedy: torch.Tensor | None = None, logits: bool = False, prune: int | None = None) -> dict:
+                       greedy: torch.Tensor | None = None, prune: int | None = None,
+                       measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> dict:
     """Teacher-forced draft predictions and target ground truth for one unshifted sample.
 
     Chains start at every position whose given token x_{t+1} and first label x_{t+2} are part of
     the answer (loss_mask), i.e. the states decoding actually visits.
     Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth],
     and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `target_greedy(sample,
-    lm_head)` when the caller already has it. With `logits`, also the draft's logits [N, depth, Vd]
-    and `rows` [N, depth]: the sample position whose target distribution each depth is scored
-    against (truth[n, j] = greedy[rows[n, j]]), for measures beyond the argmax. `prune` (a tree
-    depth; not with `logits`): a chain start whose greedy chain and top-k tree of that depth have
-    both ended is not drafted further (its later pred / topk are -1): what acceptance, chain tau and
-    tree tau count is unchanged, and most starts end within a few steps.
+    lm_head)` when the caller already has it.
+
+    `measure(logits, rows)`, for measures beyond the argmax: called with each depth's draft logits
+    at the chain starts [N, Vd] and the sample positions whose target distribution that depth is
+    scored against [N] (truth[n, j] = greedy[rows[n, j]], rows >= `first_answer_row`); returns a
+    tensor [N, ...]. The results come back stacked as `measured` [N, depth, ...], with `rows`
+    [N, depth]. One depth's logits are held at a time: all of them, [N, depth, Vd], would be 2 GB in
+    fp32 for 2048 starts, depth 8 and a 32k draft vocabulary.
+
+    `prune` (a tree depth; not with `measure`): a chain start whose greedy chain and top-k tree of
+    that depth have both ended is not drafted further (its later pred / topk are -1): what
+    acceptance, chain tau and tree tau count is unchanged, and most starts end within a few steps.
     """
     ids = sample["input_ids"]  # [T]
     s = shift_for_draft(sample)
@@ -165,27 +185,31 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
         greedy = target_greedy(sample, lm_head, first=0 if at is None else int(at[0]))
     truth, valid = chain_truth(ids, greedy, depth)
     truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts]
+    rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)[starts]
     dtype = next(drafter.parameters()).dtype
     next_ids = label_ids(s["input_ids"])  # teacher forcing: x_{t+2} at draft position t
     k = min(top_k, drafter.contract.draft_vocab_size)
-    if prune is not None and at is not None and not logits:
+    out = {"truth": truth, "valid": valid}
+    if prune is not None and at is not None and measure is None:
         topk = _pruned_topk(drafter, s, next_ids, at, truth, valid, depth, k, prune, dtype)
     else:
-        steps = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth,
-                                    next_ids=next_ids[None], rows=at)  # depth x [1, N, Vd]
-        logits_all = torch.stack(steps, dim=2)[0]  # [N, depth, Vd]
-        if at is None:
-            logits_all = logits_all[starts]
-        topk = drafter.to_target_ids(logits_all.topk(k, dim=-1).indices)
+        states = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth,
+                                     next_ids=next_ids[None], rows=at, logits=False)  # depth x [1, R, H]
+        pick = slice(None) if at is not None else starts  # at None: every position was computed
+        topk, measured = [], []
+        for j, h in enumerate(states):  # the head over the rows forward_ttt's own would take: same products
+            logits = drafter.head(h[0])[pick]  # [N, Vd]
+            topk.append(drafter.to_target_ids(logits.topk(k, dim=-1).indices))
+            if measure is not None:
+                measured.append(measure(logits, rows[:, j]))
+        topk = torch.stack(topk, dim=1)  # [N, depth, k]
+        if measure is not None:
+            out |= {"measured": torch.stack(measured, dim=1), "rows": rows}
     if drafter.contract.has_vocab_map:
         in_vocab = drafter.t2d[truth[:, 0]]
     else:
         in_vocab = torch.ones_like(truth[:, 0], dtype=torch.bool)
-    out = {"pred": topk[..., 0], "topk": topk, "truth": truth, "valid": valid, "in_vocab": in_vocab}
-    if logits:
-        rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)
-        out |= {"logits": logits_all, "rows": rows[starts]}
-    return out
+    return out | {"pred": topk[..., 0], "topk": topk, "in_vocab": in_vocab}
 
 
 def _pruned_topk(drafter, s: dict, next_ids: torch.Tensor, at: torch.Tensor, truth: torch.Tensor,
@@ -242,9 +266,9 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
             if int(sample["loss_mask"].sum()) < 2:
                 continue
             if temperature > 0:  # the draft's distributions: the unroll at every start (same greedy numbers)
-                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, logits=True)
-                sampled.append(sample_alphas(drafter, sample, part.pop("logits"), part.pop("rows"), lm_head,
-                                             temperature, tree_top_k))
+                measure = alpha_measure(drafter, sample, first_answer_row(sample), lm_head, temperature, tree_top_k)
+                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, measure=measure)
+                sampled.append((part.pop("measured"), answer_depths(sample, part.pop("rows"))))
             else:
                 part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, prune=min(tree_depth, depth))
             parts.append(part)

@@ -32,6 +32,7 @@ never falls with k); the tree's tau is the same sum over its depth with the tree
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -40,7 +41,7 @@ from eyas.errors import EyasError
 from eyas.shift import shift_for_draft
 
 MODES = ("chain", "greedy_draft", "tree")
-BLOCK = 128  # chain starts per block: bounds the fp32 [rows, V] target distributions held at once
+BLOCK = 128  # positions or chain starts per block: bounds the fp32 [rows, V] and [rows, Vd] temporaries
 VOCAB_CHUNK = 16384  # lm_head rows made fp32 at a time: no fp32 copy of a large target's lm_head is kept
 
 
@@ -90,25 +91,29 @@ def answer_depths(sample: dict, rows: Tensor) -> Tensor:
     return torch.cummin(known.int(), dim=1).values.bool()
 
 
-def sample_alphas(drafter, sample: dict, logits: Tensor, rows: Tensor, lm_head: Tensor, temperature: float,
-                  top_k: int) -> tuple[Tensor, Tensor]:
-    """(alpha [N, depth, 3], valid [N, depth]) for one unshifted sample with its last hidden state.
+def alpha_measure(drafter, sample: dict, first: int, lm_head: Tensor, temperature: float,
+                  top_k: int) -> Callable[[Tensor, Tensor], Tensor]:
+    """The `measure` `sample_predictions` applies at each depth: alpha [N, 3] of the draft's logits
+    [N, Vd] against p at the sample positions `rows` [N], for one unshifted sample with its last
+    hidden state. Stacked over depths it is alpha [N, depth, 3]; `answer_depths` gives its valid.
 
-    logits [N, depth, Vd] / rows [N, depth]: `sample_predictions(..., logits=True)`. p is computed
-    once per sample position a block of starts reads (a start's depths share rows with its
-    neighbours'), so memory stays at BLOCK + depth rows of the full vocabulary.
+    p over the draft vocabulary is computed once per sample, from `first` (`first_answer_row`) on,
+    BLOCK positions at a time, and every depth reads it; each depth is scored BLOCK starts at a time.
+    So memory stays at p [T - first, Vd] beside the one depth's logits the caller holds, plus BLOCK
+    rows of the full vocabulary.
     """
-    N, depth, Vd = logits.shape
-    rows = rows.to(logits.device)
-    cols = drafter.to_target_ids(torch.arange(Vd, device=logits.device))  # target id of each draft id
-    alpha = torch.zeros(N, depth, len(MODES), device=logits.device)
-    for a in range(0, N, BLOCK):
-        used, where = rows[a:a + BLOCK].unique(return_inverse=True)  # [U], [B, depth]
-        p = target_probs(sample["last_hidden"][used], lm_head, temperature, cols)  # [U, Vd]
-        for j in range(depth):
-            q = (logits[a:a + BLOCK, j].float() / temperature).softmax(-1)  # [B, Vd]
-            alpha[a:a + BLOCK, j] = acceptance_probs(p[where[:, j]], q, top_k)
-    return alpha, answer_depths(sample, rows)
+    Vd = drafter.lm_head.out_features
+    hidden = sample["last_hidden"]
+    cols = drafter.to_target_ids(torch.arange(Vd, device=hidden.device))  # target id of each draft id
+    p = torch.cat([target_probs(hidden[r:r + BLOCK], lm_head, temperature, cols)
+                   for r in range(first, hidden.shape[0], BLOCK)])  # [T - first, Vd]
+
+    def measure(logits: Tensor, rows: Tensor) -> Tensor:
+        rows = rows.to(p.device) - first
+        return torch.cat([acceptance_probs(p[rows[a:a + BLOCK]], (logits[a:a + BLOCK].float() / temperature).softmax(-1),
+                                           top_k) for a in range(0, logits.shape[0], BLOCK)])
+
+    return measure
 
 
 def expected_tau(alpha: Tensor, valid: Tensor, k: int) -> float:
@@ -121,7 +126,8 @@ def expected_tau(alpha: Tensor, valid: Tensor, k: int) -> float:
 
 def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_top_k: int, tree_depth: int,
                    answers_temperature: float | None) -> dict:
-    """The report's `sampled` section from every sample's `sample_alphas`.
+    """The report's `sampled` section from every sample's (alpha, valid): `alpha_measure`'s alpha
+    stacked by `sample_predictions`, and `answer_depths`.
 
     answers_temperature: the temperature the stored answers were sampled at (0: greedy; None:
     unknown), for the note on whether the estimate is fair.

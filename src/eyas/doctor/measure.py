@@ -8,6 +8,8 @@ positions and any two can be compared with `eyas.doctor.stats.paired_test`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -17,7 +19,7 @@ from eyas.doctor.stats import DEPTH, FLOOR, Outcome, rejected
 from eyas.doctor.wiring import Wiring, stored_ids
 from eyas.drafter import Drafter, RMSNorm
 from eyas.errors import ContractError, EyasError
-from eyas.evaluate import chain_acceptance, sample_predictions, target_greedy
+from eyas.evaluate import chain_acceptance, first_answer_row, sample_predictions, target_greedy
 from eyas.formats import Checkpoint, target_facts
 
 
@@ -133,8 +135,11 @@ class Measurer:
         with torch.inference_mode():
             for s, greedy in zip(samples, greedy_tokens, strict=True):
                 if int(s["loss_mask"].sum()) >= 2:
-                    p = sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy, logits=True)
-                    parts.append(p | dict(zip(("logprob", "kl"), self.continuous(s, p, vocab), strict=True)))
+                    measure = self.continuous(s, greedy, vocab)
+                    p = sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy, measure=measure)
+                    valid = p["valid"].double()  # each measure averaged over the depths whose target token is known
+                    mean = ((p.pop("measured") * valid[..., None]).sum(1) / valid.sum(1)[:, None]).float()  # [N, 2]
+                    parts.append(p | {"logprob": mean[:, 0], "kl": mean[:, 1]})
         if not parts:
             raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
         pred, truth, valid, logprob, kl = (torch.cat([p[k] for p in parts])
@@ -151,32 +156,36 @@ class Measurer:
         draft_id = torch.full((self.lm_head.shape[0],), -1, dtype=torch.long).index_copy_(0, ids, torch.arange(len(ids)))
         return ids, draft_id, (len(ids), hash(ids.numpy().tobytes()))
 
-    def continuous(self, sample: dict[str, Tensor], p: dict[str, Tensor],
-                   vocab: tuple[Tensor, Tensor, tuple]) -> tuple[Tensor, Tensor]:
-        """Per chain start of `p` (`sample_predictions(..., logits=True)`): the draft's log-probability
-        of the target's token (FLOOR when the draft vocabulary lacks it) and KL(target || draft) over
-        the draft vocabulary (the target's distribution renormalised there), each averaged over the
-        depths whose target token is known. `vocab`: `_vocab(drafter)`."""
+    def continuous(self, sample: dict[str, Tensor], greedy: Tensor,
+                   vocab: tuple[Tensor, Tensor, tuple]) -> Callable[[Tensor, Tensor], Tensor]:
+        """The `measure` `sample_predictions` applies at each depth (its logits [N, Vd] and rows
+        [N]): [N, 2], the draft's log-probability of the target's token there (FLOOR when the
+        draft vocabulary lacks it) and KL(target || draft) over the draft vocabulary (the target's
+        distribution renormalised there). `greedy`: the sample's target tokens; `vocab`:
+        `_vocab(drafter)`."""
         ids, draft_id, key = vocab
-        log_q = p["logits"].float().log_softmax(-1)  # [N, D, Vd]
-        d = draft_id[p["truth"]]  # [N, D]; -1: not in the draft vocabulary
-        logprob = log_q.gather(-1, d.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        logprob = logprob.masked_fill(d < 0, FLOOR).clamp(min=FLOOR)
-        log_p = self._target_log_probs(sample, ids, key, p["rows"])  # [N, D, Vd]
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-        valid = p["valid"].double()
-        return ((logprob * valid).sum(1) / valid.sum(1)).float(), ((kl * valid).sum(1) / valid.sum(1)).float()
+        first = first_answer_row(sample)
+        table = self._target_log_probs(sample, ids, key, first)  # [T - first, Vd]
 
-    def _target_log_probs(self, sample: dict[str, Tensor], ids: Tensor, vocab_key: tuple, rows: Tensor) -> Tensor:
-        """The target's next-token log-probabilities over the draft vocabulary `ids` at `rows` of
-        `sample`, from its final-normed states. Cached per sample and vocabulary, and only from the
-        first measured row on: every hypothesis with the same vocab map reuses one product."""
-        first, states = int(rows.min()), sample["last_hidden"]
+        def measure(logits: Tensor, rows: Tensor) -> Tensor:
+            log_q = logits.float().log_softmax(-1)  # [N, Vd]
+            d = draft_id[greedy[rows]]  # [N]; -1: the target's token is not in the draft vocabulary
+            logprob = log_q.gather(-1, d.clamp(min=0)[:, None])[:, 0].masked_fill(d < 0, FLOOR).clamp(min=FLOOR)
+            log_p = table[rows - first]  # [N, Vd]
+            return torch.stack([logprob, (log_p.exp() * (log_p - log_q)).sum(-1)], dim=-1)
+
+        return measure
+
+    def _target_log_probs(self, sample: dict[str, Tensor], ids: Tensor, vocab_key: tuple, first: int) -> Tensor:
+        """The target's next-token log-probabilities over the draft vocabulary `ids` at the rows of
+        `sample` from `first` on, from its final-normed states: [T - first, Vd]. Cached per sample and
+        vocabulary: every hypothesis with the same vocab map reuses one product."""
+        states = sample["last_hidden"]
         key = (id(states), first, *vocab_key)
         if key not in self._log_p or self._log_p[key][0] is not states:  # the id of a freed tensor is reused
             logits = states[first:].float() @ self.lm_head[ids].T  # [T - first, Vd]
             self._log_p[key] = states, logits.log_softmax(-1)
-        return self._log_p[key][1][rows - first]
+        return self._log_p[key][1]
 
     def recovered(self) -> Tensor | None:
         """The vocab map read off lm_head (`recover_vocab_map`), computed once, when first asked for."""
