@@ -42,7 +42,8 @@ class TargetHead:
     """What turns the target's last hidden state into its verdict: the final RMSNorm and lm_head.
 
     Caches store the last state either after the final norm (SpecForge, ModelOpt, eyas) or before it
-    (speculators/vLLM); `logits(h, normed=False)` applies the norm first, in fp32, as Llama does.
+    (speculators/vLLM); `normalize` applies the norm, in fp32, as Llama does (eyas.verdict), and
+    `eyas.evaluate.target_greedy` takes the argmax of lm_head over the normed state.
     """
 
     lm_head: Tensor  # [V, H]
@@ -53,14 +54,6 @@ class TargetHead:
         x = h.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.norm.float() * x
-
-    def logits(self, h: Tensor, *, normed: bool = True) -> Tensor:
-        """[.., H] -> [.., V] in the lm_head's dtype (fp32 accumulate where the device does)."""
-        x = h if normed else self.normalize(h)
-        return x.to(self.lm_head.dtype) @ self.lm_head.T
-
-    def greedy(self, h: Tensor, *, normed: bool = True) -> Tensor:
-        return self.logits(h, normed=normed).argmax(-1)
 
 
 @dataclass(frozen=True)
