@@ -25,7 +25,7 @@ from test_decode import (  # noqa: F401  (big, references, small: module fixture
 )
 
 from eyas.decode import DraftTree, generate
-from eyas.decode.ngram import NgramIndex, add_branch
+from eyas.decode.ngram import BranchLength, NgramIndex, add_branch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,6 +38,25 @@ def test_index_proposes_what_followed_the_latest_match():
     assert NgramIndex([4, 5, 6]).propose(4) == []  # nothing occurs twice
     assert NgramIndex([8, 8]).propose(3) == [8]  # the suffix never matches itself, an earlier 8 does
     assert NgramIndex([1, 2, 1]).propose(5) == [2, 1]
+
+
+def test_the_branch_length_follows_its_recent_acceptance():
+    n = BranchLength(8)
+    assert n.now == 8  # a first branch may be long: copying starts at once on an edit
+    n.update([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 9])  # two accepted: next time three
+    assert n.now == 3
+    n.update([1, 2, 3], [1, 2, 3])  # accepted whole: doubled
+    assert n.now == 6
+    n.update([4, 5, 6, 7, 8, 9], [4, 5, 6, 7, 8, 9, 1])
+    assert n.now == 8  # never past the cap
+    n.update([], [4, 5])  # no earlier occurrence: nothing learned
+    assert n.now == 8
+    n.update([5, 6], [7])  # nothing accepted: one token, the cheapest probe
+    assert n.now == 1
+    n.update([5], [5])
+    assert n.now == 2
+    n.update([5, 6], [5])  # cut short by the round (a stop, the limit): one of two, so two
+    assert n.now == 2
 
 
 def test_branch_merges_into_the_tree():

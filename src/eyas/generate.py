@@ -30,7 +30,7 @@ from eyas.target import Target, TargetRef
 __all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "TextStream", "chat_ids", "choose_shape",
            "format_generate", "load_models", "measure_shape", "run_generate"]
 
-NGRAM_TOKENS = 8  # tokens an n-gram branch proposes per round in `eyas generate` / `eyas bench`
+NGRAM_TOKENS = 8  # the most tokens an n-gram branch proposes per round in `eyas generate` / `eyas bench`
 TARGET_ALONE = "target alone: no shape beat it on this machine"  # the shape source when a sweep said so
 MEASURED_NOW = "measured now (none was cached)"  # the shape source when choose_shape ran the quick sweep
 MEASURED_AGAIN = "measured again (the cached one was timed under load)"

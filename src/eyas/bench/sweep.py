@@ -30,9 +30,10 @@ from eyas.machine import Contention, quietest, say_if_busy
 from eyas.target import Target
 
 SWEEP_CHAINS = tuple(range(1, 9))
-# short chains also timed with shorter n-gram branches (0: none): the branch's tokens ride along in
-# every verify, about free where a verify over a few more tokens costs one step (bf16 dot products);
-# on AVX2-only CPUs each token costs, and 2-4 pay where 8 do not (benchmarks/README.md)
+# short chains also timed with shorter n-gram branches (0: none, else the longest the branch may
+# grow to, eyas.decode.ngram.BranchLength): the branch's tokens ride along in every verify, about free
+# where a verify over a few more tokens costs one step (bf16 dot products); on AVX2-only CPUs each
+# token costs (benchmarks/README.md)
 SWEEP_PLAIN_CHAINS = (1, 2, 3, 4)
 NGRAM_VARIANTS = (0, 2, 4)
 SWEEP_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16), (5, 8, 32), (6, 8, 48))

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from eyas.contract import default_capture_layers
 from eyas.decode.accept import accept_chain_sampling, accept_greedy, accept_tree_sampling
-from eyas.decode.ngram import NgramIndex, add_branch
+from eyas.decode.ngram import BranchLength, NgramIndex, add_branch
 from eyas.decode.packed import packed_linears
 from eyas.decode.propose import Drafting
 from eyas.decode.sampling import Sampling, choose, warp_probs
@@ -119,7 +119,8 @@ def generate(
     on a path, `top_k` children and frontier nodes per level, `budget` draft nodes verified).
     `ngram_tokens=m` adds up to m tokens copied from the context (eyas.decode.ngram) as one more
     branch of every round's tree, with or without a drafter (not to sampled chains, whose
-    acceptance rule reads the draft's distribution).
+    acceptance rule reads the draft's distribution): as many as the branch's recent acceptance
+    suggests (`BranchLength`), so long copied runs get long branches and open text short ones.
 
     temperature 0 is greedy: the output is the target's own greedy decoding (token for token, up to
     floating-point ties). Otherwise tokens follow the target distribution under temperature / top_k
@@ -163,6 +164,7 @@ def generate(
         cache, token = first.past_key_values, choose(first.logits[0, -1], s)
         done = out.emit([token])
         context = NgramIndex(prompt[0].tolist() + [token]) if ngram_tokens else None
+        length = BranchLength(ngram_tokens)
         drafting = None
         if drafter is not None:
             spare = max(max_draft, tree_shape[1] * max_draft) if tree_shape else max_draft
@@ -181,8 +183,10 @@ def generate(
             else:
                 draft = root_only(token, device)
             first_copied = len(draft.parents)  # nodes from here on were proposed by the n-gram branch only
+            branch = []
             if context is not None and draft.q is None and room > 1:
-                draft, _ = add_branch(draft, context.propose(min(ngram_tokens, room - 1)))
+                branch = context.propose(min(length.now, room - 1))
+                draft, _ = add_branch(draft, branch)
             _sync(device)
             stats.time["draft"] += time.perf_counter() - t0
 
@@ -205,6 +209,7 @@ def generate(
                 drafting.commit(scored.features[:, torch.tensor(nodes, device=device)], accepted)  # g_n .. g_{n+a}
             if context is not None:
                 context.extend(accepted)
+                length.update(branch, accepted[:-1])
             done = out.emit(accepted)
 
     output = torch.cat([prompt, prompt.new_tensor([out.ids])], dim=1)  # [1, T + new]

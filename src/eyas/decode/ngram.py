@@ -6,7 +6,8 @@ what followed there. eyas adds that continuation as one more branch of the round
 single verify forward checks the drafter's candidates and the copied span together: on a rewrite or
 an edit the tree accepts long copied runs, elsewhere the draft's branches still carry the round.
 The branch is only a candidate: acceptance decides, so decoding stays lossless (for sampling, the
-branch depends only on the prefix, which `accept_tree_sampling` requires).
+branch depends only on the prefix and earlier rounds, which `accept_tree_sampling` requires). Its
+length follows its own recent acceptance (`BranchLength`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,29 @@ class NgramIndex:
             if start is not None:
                 return self.tokens[start : start + count]
         return []
+
+
+class BranchLength:
+    """How many copied tokens the next round proposes: as many as the last proposal got accepted plus
+    one, doubled after a proposal accepted whole, between 1 and `cap`.
+
+    Every proposed token is one more row in the verify forward, and on a CPU each row costs (more
+    on AVX2 than with AVX-512), so a fixed length is a bet on the prompt: long pays on copying
+    tasks, short on open-ended ones. Following the branch's own recent acceptance fits both. The
+    length depends only on earlier rounds, so acceptance stays lossless (greedy and sampled alike).
+    """
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.now = cap
+
+    def update(self, proposed: list[int], accepted: list[int]) -> None:
+        """After a round: `proposed` the branch's tokens, `accepted` the tokens the round accepted
+        (the drafter's or the branch's; the bonus token excluded)."""
+        if not proposed:
+            return  # no earlier occurrence: nothing learned about copying
+        run = next((i for i, (a, b) in enumerate(zip(proposed, accepted)) if a != b), min(len(proposed), len(accepted)))
+        self.now = min(self.cap, 2 * self.now) if run == len(proposed) else max(1, min(self.cap, run + 1))
 
 
 def add_branch(tree: DraftTree, branch: list[int]) -> tuple[DraftTree, int]:
