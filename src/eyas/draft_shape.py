@@ -39,10 +39,11 @@ def parse_tree(tree: str | Sequence[int] | None) -> tuple[int, int, int] | None:
 
 def shape_label(shape: dict) -> str:
     """{"draft_tokens": 4} -> "chain k=4"; {"tree": [5, 4, 16]} -> "tree 5,4,16"; a shape swept with
-    its own n-gram branch says so: "chain k=1 without n-grams" (0), "chain k=1 + 2 n-gram tokens"."""
+    its own n-gram branch says so: "chain k=1 without n-grams" (0), "chain k=1 + up to 2 n-gram tokens"
+    (the branch's cap: eyas.decode.ngram.BranchLength)."""
     label = "tree " + ",".join(str(v) for v in shape["tree"]) if "tree" in shape else f"chain k={shape['draft_tokens']}"
     ngram = shape.get("ngram_tokens")
-    return label + ("" if ngram is None else " without n-grams" if ngram == 0 else f" + {ngram} n-gram tokens")
+    return label + ("" if ngram is None else " without n-grams" if ngram == 0 else f" + up to {ngram} n-gram tokens")
 
 
 def decode_shape(shape: dict, ngram_tokens: int) -> dict:

@@ -64,7 +64,7 @@ def format_bench(report: dict) -> str:
     """The terminal table: one row per method, then acceptance by depth and speedup by category."""
     env, shapes = report["environment"], report["shapes"]
     label = {"eyas_chain": shape_label(shapes["eyas_chain"]), "eyas_tree": shape_label(shapes["eyas_tree"])}
-    ngram = f", n-gram branch {report['ngram_tokens']}" if report.get("ngram_tokens") else ""
+    ngram = f", n-gram branch up to {report['ngram_tokens']}" if report.get("ngram_tokens") else ""
     lines = [
         (f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
          f"eyas in {report['dtype']} ({report.get('dtype_source', 'given')}), {env['threads']} threads, "
