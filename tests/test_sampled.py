@@ -13,7 +13,7 @@ from eyas.cli import main
 from eyas.decode.accept import accept_chain_sampling, accept_tree_sampling
 from eyas.decode.sampling import Sampling
 from eyas.decode.tree import DraftTree, chain_tree
-from eyas.sampled import acceptance_probs, alpha_measure, answer_depths, expected_tau
+from eyas.sampled import acceptance_probs, alpha_measure, answer_depths, expected_tau, first_answer_row
 from test_data import LAYERS
 from test_evaluate import tiny  # noqa: F401  (a fixture: a tiny target and its capture)
 
@@ -107,7 +107,7 @@ def test_alpha_measure_equals_the_full_vocabulary_computation(tiny, monkeypatch,
     from eyas.contract import contract_for_target
     from eyas.data import open_shards
     from eyas.drafter import Drafter
-    from eyas.evaluate import first_answer_row, sample_predictions
+    from eyas.evaluate import sample_predictions
     from eyas.target import target_config, target_tensors
 
     if chunks:
@@ -121,7 +121,7 @@ def test_alpha_measure_equals_the_full_vocabulary_computation(tiny, monkeypatch,
     T = 0.7
     with torch.inference_mode():
         first = first_answer_row(sample)
-        got = sample_predictions(d, sample, lm_head, 3, 2, measure=alpha_measure(d, sample, first, lm_head, T, 2))
+        got = sample_predictions(d, sample, lm_head, 3, 2, measure=alpha_measure(d, sample, lm_head, T, 2))
         alpha, valid = got["measured"], answer_depths(sample, got["rows"])
         assert int(got["rows"].min()) >= first  # p is computed from the first answer position on
         logits = sample_predictions(d, sample, lm_head, 3, 2, measure=lambda logits, rows: logits)["measured"]

@@ -144,13 +144,6 @@ def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0)
 ROWS_MIN = 32
 
 
-def first_answer_row(sample: dict) -> int:
-    """The sample's first answer position: every depth of every chain start is scored against the
-    target's distribution at or after it (`sample_predictions`' rows), so a measure needs the
-    target's distributions from here on only (the prompt can be long)."""
-    return int(sample["loss_mask"].int().argmax())
-
-
 def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, *,
                        greedy: torch.Tensor | None = None, prune: int | None = None,
                        measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> dict:
@@ -164,8 +157,8 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
 
     `measure(logits, rows)`, for measures beyond the argmax: called with each depth's draft logits
     at the chain starts [N, Vd] and the sample positions whose target distribution that depth is
-    scored against [N] (truth[n, j] = greedy[rows[n, j]], rows >= `first_answer_row`); returns a
-    tensor [N, ...]. The results come back stacked as `measured` [N, depth, ...], with `rows`
+    scored against [N] (truth[n, j] = greedy[rows[n, j]], rows >= `eyas.sampled.first_answer_row`);
+    returns a tensor [N, ...]. The results come back stacked as `measured` [N, depth, ...], with `rows`
     [N, depth]. One depth's logits are held at a time: all of them, [N, depth, Vd], would be 2 GB in
     fp32 for 2048 starts, depth 8 and a 32k draft vocabulary.
 
@@ -185,7 +178,6 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
         greedy = target_greedy(sample, lm_head, first=0 if at is None else int(at[0]))
     truth, valid = chain_truth(ids, greedy, depth)
     truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts]
-    rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)[starts]
     dtype = next(drafter.parameters()).dtype
     next_ids = label_ids(s["input_ids"])  # teacher forcing: x_{t+2} at draft position t
     k = min(top_k, drafter.contract.draft_vocab_size)
@@ -196,6 +188,8 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
         states = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth,
                                      next_ids=next_ids[None], rows=at, logits=False)  # depth x [1, R, H]
         pick = slice(None) if at is not None else starts  # at None: every position was computed
+        if measure is not None:
+            rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)[starts]
         topk, measured = [], []
         for j, h in enumerate(states):  # the head over the rows forward_ttt's own would take: same products
             logits = drafter.head(h[0])[pick]  # [N, Vd]
@@ -266,7 +260,7 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
             if int(sample["loss_mask"].sum()) < 2:
                 continue
             if temperature > 0:  # the draft's distributions: the unroll at every start (same greedy numbers)
-                measure = alpha_measure(drafter, sample, first_answer_row(sample), lm_head, temperature, tree_top_k)
+                measure = alpha_measure(drafter, sample, lm_head, temperature, tree_top_k)
                 part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, measure=measure)
                 sampled.append((part.pop("measured"), answer_depths(sample, part.pop("rows"))))
             else:

@@ -91,27 +91,37 @@ def answer_depths(sample: dict, rows: Tensor) -> Tensor:
     return torch.cummin(known.int(), dim=1).values.bool()
 
 
-def alpha_measure(drafter, sample: dict, first: int, lm_head: Tensor, temperature: float,
+def first_answer_row(sample: dict) -> int:
+    """The sample's first answer position: every depth of every chain start is scored against the
+    target's distribution at or after it (`eyas.evaluate.sample_predictions`' rows), so a measure needs the
+    target's distributions from here on only (the prompt can be long)."""
+    return int(sample["loss_mask"].int().argmax())
+
+
+def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float,
                   top_k: int) -> Callable[[Tensor, Tensor], Tensor]:
     """The `measure` `sample_predictions` applies at each depth: alpha [N, 3] of the draft's logits
     [N, Vd] against p at the sample positions `rows` [N], for one unshifted sample with its last
     hidden state. Stacked over depths it is alpha [N, depth, 3]; `answer_depths` gives its valid.
 
-    p over the draft vocabulary is computed once per sample, from `first` (`first_answer_row`) on,
+    p over the draft vocabulary is computed once per sample, from its first answer position on,
     BLOCK positions at a time, and every depth reads it; each depth is scored BLOCK starts at a time.
     So memory stays at p [T - first, Vd] beside the one depth's logits the caller holds, plus BLOCK
     rows of the full vocabulary.
     """
     Vd = drafter.lm_head.out_features
-    hidden = sample["last_hidden"]
+    hidden, first = sample["last_hidden"], first_answer_row(sample)
     cols = drafter.to_target_ids(torch.arange(Vd, device=hidden.device))  # target id of each draft id
     p = torch.cat([target_probs(hidden[r:r + BLOCK], lm_head, temperature, cols)
                    for r in range(first, hidden.shape[0], BLOCK)])  # [T - first, Vd]
 
     def measure(logits: Tensor, rows: Tensor) -> Tensor:
         rows = rows.to(p.device) - first
-        return torch.cat([acceptance_probs(p[rows[a:a + BLOCK]], (logits[a:a + BLOCK].float() / temperature).softmax(-1),
-                                           top_k) for a in range(0, logits.shape[0], BLOCK)])
+        alpha = []
+        for a in range(0, logits.shape[0], BLOCK):  # one block's fp32 q at a time
+            q = (logits[a:a + BLOCK].float() / temperature).softmax(-1)
+            alpha.append(acceptance_probs(p[rows[a:a + BLOCK]], q, top_k))
+        return torch.cat(alpha)
 
     return measure
 

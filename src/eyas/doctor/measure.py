@@ -19,8 +19,9 @@ from eyas.doctor.stats import DEPTH, FLOOR, Outcome, rejected
 from eyas.doctor.wiring import Wiring, stored_ids
 from eyas.drafter import Drafter, RMSNorm
 from eyas.errors import ContractError, EyasError
-from eyas.evaluate import chain_acceptance, first_answer_row, sample_predictions, target_greedy
+from eyas.evaluate import chain_acceptance, sample_predictions, target_greedy
 from eyas.formats import Checkpoint, target_facts
+from eyas.sampled import first_answer_row
 
 
 class SkipFcDrafter(Drafter):
