@@ -24,7 +24,7 @@ import torch
 import eyas.decode.loop as loop
 from eyas.bench import git_commit
 from eyas.bench.prompts import bench_prompts
-from eyas.data.capturing import eos_ids
+from eyas.data import eos_ids
 from eyas.decode.ngram import BranchLength
 from eyas.drafter_loading import resolve_drafter
 from eyas.dtype_choice import resolve_dtype

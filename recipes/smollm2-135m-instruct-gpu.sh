@@ -51,6 +51,7 @@ SELF_COUNT=${SELF_COUNT:-4096}    # prompts the target writes for PROMPTS=self-w
 SELF_MAX_NEW_TOKENS=${SELF_MAX_NEW_TOKENS:-128}  # longest self-written prompt (longer ones are dropped)
 PARALLEL=${PARALLEL:-4}           # captures sharing the device (each keeps a CPU busy launching kernels)
 BATCH=${BATCH:-256}               # prompts answered together per capture
+ANSWERS=${ANSWERS:-eyas}          # who answers: eyas (its batched loop) or generate (transformers'; the shipped run's)
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
 MAX_LENGTH=${MAX_LENGTH:-512}     # prompt + answer; longer prompts are skipped (as the CPU recipe)
 EPOCHS=${EPOCHS:-8}
@@ -144,7 +145,7 @@ for src in "${sources[@]}"; do
       [[ $temp =~ ^0*\.?0*$ ]] || sampling=(--temperature "$temp" --seed $(( SEED + 1000 * i )))
       OMP_NUM_THREADS=$THREADS within 0 "$PYTHON" -m eyas capture --prompts "$src" --skip "$skip" --limit "$n" \
         "${sampling[@]}" --max-new-tokens "$MAX_NEW_TOKENS" --max-length "$MAX_LENGTH" \
-        --skip-long --batch-size "$BATCH" --dtype bf16 --device "$DEVICE" --no-progress --out "$out" \
+        --skip-long --batch-size "$BATCH" --answers "$ANSWERS" --dtype bf16 --device "$DEVICE" --no-progress --out "$out" \
         "${target[@]}" "${layers[@]}" > "$RUN/capture-$name-t$temp-$i.log" &
       pids+=($!)
     done

@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+import eyas.data.answers as answers_module
 import eyas.data.capturing as capturing
 from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.data.prompts import _json_array_items
@@ -275,6 +276,17 @@ def test_answer_ends_with_the_end_of_turn_token(tmp_path, target, captured):
     (s,) = list(open_shards(tmp_path / "out"))
     assert s["input_ids"][P:].tolist() == answer[:cut]
     assert s["loss_mask"].sum() == cut and bool(s["loss_mask"][-1])
+
+
+def test_capture_answers_through_generate_when_asked(tmp_path, target, captured, monkeypatch):
+    """`answers="generate"` (`eyas capture --answers generate`): transformers answers, the same tokens."""
+    monkeypatch.setattr(answers_module, "_lean_generate", lambda *a: pytest.fail("answered by eyas's loop"))
+    run_capture(target, tmp_path / "out", max_new_tokens=6, answers="generate")
+    for ours, theirs in zip(open_shards(captured), open_shards(tmp_path / "out"), strict=True):
+        assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    with pytest.raises(EyasError, match="answers='vllm' is not an answering engine"):
+        run_capture(target, tmp_path / "other", answers="vllm")
+    assert not (tmp_path / "other").exists()
 
 
 def test_capture_bf16_default(tmp_path, target):

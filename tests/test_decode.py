@@ -353,22 +353,23 @@ def small_contract():
     )
 
 
-def chi_square_pvalue(samples: list[tuple], target: Target, s: Sampling) -> float:
-    """Pearson's test of sampled sequences against the target's sampling distribution.
+def chi_square_pvalue(samples: list[tuple], target: Target, s: Sampling, prompt: torch.Tensor = SAMPLING_PROMPT) -> float:
+    """Pearson's test of sampled sequences (continuations of `prompt`, all of one length) against the
+    target's sampling distribution.
 
-    The joint of N_GENERATED tokens has too many cells for a few hundred samples, so the test runs
+    The joint of the generated tokens has too many cells for a few hundred samples, so the test runs
     down the prefix tree instead: for every prefix x_1..x_{j-1} that was sampled, the counts of x_j
     against m * p(x_j | prompt, prefix) (exact, from one target forward). Given the prefix counts
     these are independent multinomials, so the statistics and degrees of freedom add up. Cells that
     expect < 5 are pooled.
     """
     statistic, dof = 0.0, 0
-    for j in range(N_GENERATED):
+    for j in range(len(samples[0])):
         groups = Counter(seq[:j] for seq in samples)
         for prefix, m in groups.items():
             counts = Counter(seq[j] for seq in samples if seq[:j] == prefix)
             with torch.no_grad():
-                seq = torch.cat([SAMPLING_PROMPT, torch.tensor([prefix], dtype=torch.long)], dim=1)
+                seq = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long)], dim=1)
                 p = warp_probs(target.model(seq).logits[0, -1], s).double()
             impossible = [x for x in counts if p[x] == 0]
             assert not impossible, f"sampled token(s) {impossible} of probability 0 after {prefix}"

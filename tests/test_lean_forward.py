@@ -113,6 +113,12 @@ def test_unsupported_targets_decode_through_transformers(llama, monkeypatch):
         llama.config.hidden_act = "silu"
 
 
+def test_a_target_spread_over_devices_decodes_through_transformers(tmp_path):
+    target = build_target(tmp_path, 6, **GREEDY_TARGET)
+    target.model.lm_head.to("meta")  # as accelerate's device_map would place a layer elsewhere
+    assert "several devices" in unsupported(target) and lean_target(target) is None
+
+
 def test_static_cache_keep_and_crop():
     cache = StaticKV(2, 1, 2, 8, torch.device("cpu"))
     k = torch.arange(10.0).view(1, 1, 5, 2)

@@ -313,6 +313,11 @@ def evaluate(
     `temperature` > 0 adds the report's `sampled` section (eyas.sampled); prompts are then answered
     sampled at it (seed 0), as a fair estimate needs, and the greedy numbers are measured along
     those sampled answers. A cache without the last hidden state cannot give it and is refused.
+
+    `prompts` are answered by transformers' `generate`, not by capture's faster loop
+    (eyas.data.answers): in bf16 the two round differently, answers diverge after near-ties, and
+    the shipped draft's MT-bench numbers move with the answers (depth-1 0.577 on generate's, 0.551 on
+    the loop's, 0.566 on fp32's: docs/training.md); every MT-bench figure so far is on generate's.
     """
     from eyas.data.caches import PRE_NORM, open_cache  # other trainers' readers load only for --data
 
@@ -331,7 +336,7 @@ def evaluate(
         if data is None:
             capture(Target.load(ref), read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
                     max_new_tokens=max_new_tokens, dtype=dtype, progress=progress, do_sample=temperature > 0,
-                    temperature=temperature or 1.0, seed=0)
+                    temperature=temperature or 1.0, seed=0, answers="generate")
             data, data_format = tmp, "eyas"
         cache = open_cache(data, format=data_format, num_layers=ref.num_layers)
         info = cache.info

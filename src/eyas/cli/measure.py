@@ -42,7 +42,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
                        do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
                        seed=args.seed, skip_long=args.skip_long, max_length=args.max_length,
-                       progress=args.progress, device=args.device, resumable=True)
+                       progress=args.progress, device=args.device, resumable=True, answers=args.answers)
     if args.json:
         print_json(manifest)
     else:

@@ -10,8 +10,9 @@ thing, with the same help and choices, wherever it appears.
   object on stdout; `--no-progress` turns off the progress bar on stderr.
 
 Building the parser loads no model code (no doctor, bench, generate or transformers): each `cmd_*`
-imports what it runs. It reads only the flag vocabularies: eyas.dtypes, eyas.formats, and
-TrainConfig's fields with their docs (eyas.train), which become `eyas train`'s flags.
+imports what it runs. It reads only the flag vocabularies: eyas.dtypes, eyas.formats, the answering
+engines (eyas.data.answers), and TrainConfig's fields with their docs (eyas.train), which become
+`eyas train`'s flags.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from eyas.cli.doctor import cmd_doctor
 from eyas.cli.engines import cmd_serve_check
 from eyas.cli.examples import EXAMPLES
 from eyas.cli.measure import cmd_capture, cmd_eval, cmd_train
+from eyas.data.answers import ANSWER_ENGINES
 from eyas.dtypes import AUTO, choices
 from eyas.formats import FORMATS, LAYER_CONVENTIONS
 from eyas.train import add_arguments as add_train_arguments
@@ -218,6 +220,9 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--max-length", type=int, metavar="N",
                    help="prompt + answer token limit (default: the target's context)")
     p.add_argument("--skip-long", action="store_true", help="skip prompts that do not fit instead of failing")
+    p.add_argument("--answers", choices=ANSWER_ENGINES, default="eyas",
+                   help="who generates the answers: eyas's batched loop (Llama-family targets; others use generate) "
+                   "or transformers' generate (default: eyas)")
     add_json(p, "the manifest")
     add_progress(p)
 

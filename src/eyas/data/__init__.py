@@ -15,6 +15,7 @@ Submodules:
     sources    more prompt sources (`sharegpt-clean`, `sharegpt-turns`: later turns in context),
                deduplicated against every evaluation set; registered with read_prompts on import
     self_written  prompts the target writes itself (a JSONL file; `python -m eyas.data.self_written`)
+    answers    the target's answers to a batch of prompts (the lean forward, else `generate`)
     capturing  `capture`: regenerate the answers, one forward, store the features
     shards     the on-disk format: manifest, shards written atomically, `open_shards` /
                `CapturedData` reading them back checked
@@ -23,7 +24,8 @@ Submodules:
                (`check_tensors`: shards, engine dumps, foreign caches)
 """
 
-from eyas.data.capturing import capture, encode_prompts, eos_ids, pad_id
+from eyas.data.answers import answer, eos_ids, pad_id
+from eyas.data.capturing import capture, encode_prompts
 from eyas.data.prompts import (
     DEFAULT_EVAL_PROMPTS,
     DEFAULT_TRAIN_PROMPTS,
@@ -45,6 +47,7 @@ __all__ = [
     "CapturedData",
     "EvalIndex",
     "Prompt",
+    "answer",
     "capture",
     "copy_heavy_file",
     "encode_prompts",

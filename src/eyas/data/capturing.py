@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
+from eyas.data.answers import ANSWER_ENGINES, answer, pad_id
 from eyas.data.prompts import DEFAULT_EVAL_PROMPTS, Prompt
 from eyas.data.shards import (
     FORMAT,
@@ -59,6 +60,7 @@ def capture(
     progress: bool = True,
     device: str | torch.device | None = None,
     resumable: bool = False,
+    answers: str = "eyas",
 ) -> dict[str, Any]:
     """Regenerate responses with `target` and store its features; returns the manifest.
 
@@ -72,8 +74,9 @@ def capture(
     loss mask covers the answer: every generated token up to and including the first end-of-turn
     token (an answer cut by `max_new_tokens` has none).
 
-    The target runs on `device` (moved there; None: where it is). Answers are generated a batch at a
-    time inside a shard, so a shard holds at least `batch_size` prompts: large batches on a GPU stay
+    The target runs on `device` (moved there; None: where it is). `answers` names who generates
+    (eyas.data.answers): "eyas" (its lean batched loop where the target has one) or "generate"
+    (Hugging Face's, for any target). Answers are generated a batch at a time inside a shard, so a shard holds at least `batch_size` prompts: large batches on a GPU stay
     large.
 
     Resumable: shard k always holds prompts [k*shard_size, (k+1)*shard_size); finished shards are
@@ -82,6 +85,8 @@ def capture(
     default the target's context) is an error naming it, or skipped and listed with `skip_long`.
     """
     out_dir = Path(out_dir)
+    if answers not in ANSWER_ENGINES:
+        raise EyasError(f"answers={answers!r} is not an answering engine", f"use one of {', '.join(ANSWER_ENGINES)}")
     if min(max_new_tokens, batch_size, shard_size) < 1:
         raise EyasError(
             f"max_new_tokens={max_new_tokens}, batch_size={batch_size}, shard_size={shard_size}: each must be >= 1",
@@ -124,7 +129,7 @@ def capture(
             start, stop = k * shard_size, min((k + 1) * shard_size, len(prompts))
             keep = [i for i in range(start, stop) if prompt_ids[i] is not None]
             samples = _capture_samples(target, [prompt_ids[i] for i in keep], layers, dtype, batch_size,
-                                       sampling, seed_offset=k, on_batch=bar.update)
+                                       sampling, seed_offset=k, on_batch=bar.update, lean=answers == "eyas")
             bar.update(stop - start - len(keep))
             entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
             shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
@@ -209,7 +214,7 @@ def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch
 
 def _capture_samples(target: Target, prompt_ids: list[list[int]], layers: list[int], dtype: torch.dtype,
                      batch_size: int, sampling: dict[str, Any], *, seed_offset: int,
-                     on_batch: Callable[[int], Any]) -> list[dict[str, torch.Tensor]]:
+                     on_batch: Callable[[int], Any], lean: bool) -> list[dict[str, torch.Tensor]]:
     """Generate answers and capture features for a list of prompts, in their order."""
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # less padding per batch
     out: list[dict[str, torch.Tensor] | None] = [None] * len(prompt_ids)
@@ -218,7 +223,7 @@ def _capture_samples(target: Target, prompt_ids: list[list[int]], layers: list[i
         torch.manual_seed(sampling["seed"] + seed_offset)  # a resumed shard samples as it would have
         for b in range(0, len(order), batch_size):
             batch = order[b : b + batch_size]
-            answers = _generate(target, [prompt_ids[i] for i in batch], sampling)
+            answers = answer(target, [prompt_ids[i] for i in batch], sampling, lean=lean)
             seqs = [prompt_ids[i] + a for i, a in zip(batch, answers)]
             captured = _forward(target, seqs, layers)
             for i, a, seq, (feats, last) in zip(batch, answers, seqs, captured):
@@ -228,45 +233,6 @@ def _capture_samples(target: Target, prompt_ids: list[list[int]], layers: list[i
                           "features": feats.to("cpu", dtype), "last_hidden": last.to("cpu", dtype)}
             on_batch(len(batch))
     return out
-
-
-def eos_ids(target: Target) -> list[int]:
-    """The target's end-of-turn token ids (generation config first, then the tokenizer)."""
-    eos = target.model.generation_config.eos_token_id
-    if eos is None:
-        eos = target.tokenizer.eos_token_id
-    return [eos] if isinstance(eos, int) else list(eos or [])
-
-
-def pad_id(target: Target) -> int:
-    """The padding id: the tokenizer's, else the first end-of-turn id (padding is never attended)."""
-    pad = target.tokenizer.pad_token_id
-    return pad if pad is not None else (eos_ids(target) or [0])[0]
-
-
-@torch.inference_mode()
-def _generate(target: Target, prompt_ids: list[list[int]], sampling: dict) -> list[list[int]]:
-    """The target's answer to each prompt, cut after its first end-of-turn token."""
-    pad, eos = pad_id(target), eos_ids(target)
-    P = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), P), pad, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for b, p in enumerate(prompt_ids):  # left padding: every prompt ends at column P-1
-        ids[b, P - len(p) :] = torch.tensor(p)
-        attn[b, P - len(p) :] = 1
-    kwargs = dict(do_sample=False)
-    if sampling["do_sample"]:
-        kwargs = {k: sampling[k] for k in ("do_sample", "temperature", "top_p", "top_k")}
-    device = target.model.device
-    out = target.model.generate(
-        input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=sampling["max_new_tokens"],
-        pad_token_id=pad, eos_token_id=eos or None, **kwargs,
-    )
-    answers = []
-    for row in out[:, P:].tolist():  # [B, P + new] -> the new tokens
-        cut = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
-        answers.append(row[:cut])  # finished rows continue with padding after the end token
-    return answers
 
 
 @torch.inference_mode()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from eyas.atomic import write_text
-from eyas.data.capturing import _generate, eos_ids
+from eyas.data.answers import answer, eos_ids
 from eyas.data.prompts import Prompt
 from eyas.data.sources import eval_index, text_key, words
 from eyas.errors import EyasError, FormatError
@@ -64,7 +64,7 @@ def write_self_prompts(target: Target, count: int, *, seed: int = 0, batch_size:
     for b in range(4 * -(-count // batch_size)):
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             torch.manual_seed(seed * 1_000_003 + b)
-            turns = _generate(target, [prefix] * batch_size, sampling)
+            turns = answer(target, [prefix] * batch_size, sampling)
         for r, ids in enumerate(turns):
             if not ids or ids[-1] not in eos or special & set(ids[:-1]):
                 continue

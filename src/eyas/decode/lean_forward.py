@@ -1,4 +1,5 @@
-"""The target's forward for decoding: batch 1, a static KV cache, few operators (gpt-fast style).
+"""The target's forward for decoding: a static KV cache, few operators (gpt-fast style). Decoding
+runs it at batch 1; capture's answers (eyas.data.answers) over a left-padded batch.
 
 Why not transformers' forward: at batch 1 on a CPU a decode step is a few dozen small matrix
 products, and transformers adds work that does not shrink with them: a DynamicCache that copies
@@ -74,6 +75,8 @@ def unsupported(target: Target) -> str | None:
         return "sliding-window layers"
     if not hasattr(target.model.base_model, "rotary_emb"):
         return "no shared rotary embedding module"
+    if len({p.device for p in target.model.parameters()}) > 1:
+        return "weights spread over several devices (transformers' forward moves the states between them)"
     return None
 
 
@@ -109,27 +112,28 @@ class LeanTarget:
                       PackedLinear([a.o_proj]), _norm(layer.post_attention_layernorm),
                       PackedLinear([m.gate_proj, m.up_proj]), PackedLinear([m.down_proj]))
 
-    def new_cache(self, max_len: int) -> StaticKV:
-        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, max_len, self.device)
+    def new_cache(self, max_len: int, *, batch: int = 1, dtype: torch.dtype = torch.float32) -> StaticKV:
+        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, max_len, self.device, batch=batch, dtype=dtype)
 
     @torch.no_grad()
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, cache: StaticKV, capture: Sequence[int], *,
         mask: Tensor | None = None, logit_rows: slice | None = None,
     ) -> TargetOutput:
-        """input_ids / position_ids [1, T] after the cache's valid positions; the cache advances by T.
+        """input_ids / position_ids [B, T] after the cache's valid positions; the cache advances by T.
 
-        mask: bool [T, length + T] (True = may attend; a tree's ancestor mask), None = causal.
-        Features [1, T, A*H] at `capture` (indices as in Target.forward); logits [1, R, V] for the
-        rows `logit_rows` selects (None: all). `past_key_values` of the result is the cache.
+        mask: bool [T, length + T] or, per row, [B, T, length + T] (True = may attend: a tree's
+        ancestor mask, a left-padded batch's), None = causal. Features [B, T, A*H] at `capture`
+        (indices as in Target.forward); logits [B, R, V] for the rows `logit_rows` selects (None:
+        all). `past_key_values` of the result is the cache.
         """
-        T, past = input_ids.shape[1], cache.length
-        h = self.embed(input_ids)  # [1, T, H]
-        cos, sin = self.rotary(h, position_ids)  # [1, T, D] each, in the weights' dtype
-        cos, sin = cos[:, :, None], sin[:, :, None]  # [1, T, 1, D]: the same rotation for every head
+        B, T, past = *input_ids.shape, cache.length
+        h = self.embed(input_ids)  # [B, T, H]
+        cos, sin = self.rotary(h, position_ids)  # [B, T, D] each, in the weights' dtype
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, T, 1, D]: the same rotation for every head
         attn_mask = None
         if mask is not None:
-            attn_mask = mask[None, None]
+            attn_mask = mask[None, None] if mask.dim() == 2 else mask[:, None]
         elif T > 1 and past > 0:
             keys = torch.arange(past + T, device=h.device)
             attn_mask = (keys[None, :] <= past + torch.arange(T, device=h.device)[:, None])[None, None]
@@ -144,23 +148,23 @@ class LeanTarget:
         cache.length += T
         last = self.norm(h)
         rows = last if logit_rows is None else last[:, logit_rows]
-        features = torch.cat([captured[k] for k in capture], dim=-1) if capture else h.new_empty(1, T, 0)
+        features = torch.cat([captured[k] for k in capture], dim=-1) if capture else h.new_empty(B, T, 0)
         return TargetOutput(features, last, self.lm_head(rows), cache)
 
     def _layer_forward(self, i: int, layer: _Layer, h: Tensor, cos: Tensor, sin: Tensor, cache: StaticKV,
                        attn_mask: Tensor | None) -> Tensor:
-        T, D, nh, nkv = h.shape[1], self.head_dim, self.heads, self.kv_heads
-        qkv = layer.qkv(layer.in_norm(h)).view(1, T, nh + 2 * nkv, D)  # [1, T, heads, D]
+        (B, T, _), D, nh, nkv = h.shape, self.head_dim, self.heads, self.kv_heads
+        qkv = layer.qkv(layer.in_norm(h)).view(B, T, nh + 2 * nkv, D)  # [B, T, heads, D]
         qk, v = qkv[:, :, : nh + nkv], qkv[:, :, nh + nkv :]
         if layer.q_norm is not None:
             qk = torch.cat([layer.q_norm(qk[:, :, :nh]), layer.k_norm(qk[:, :, nh:])], dim=2)
         x1, x2 = qk.chunk(2, dim=-1)  # q and k rotated together (transformers' halves layout)
         q, k = (qk * cos + torch.cat([-x2, x1], dim=-1) * sin).split([nh, nkv], dim=2)
-        keys, values = cache.update(i, k.transpose(1, 2), v.transpose(1, 2))  # [1, n_kv, length + T, D]
-        y = F.scaled_dot_product_attention(q.transpose(1, 2).float(), keys, values, attn_mask=attn_mask,
+        keys, values = cache.update(i, k.transpose(1, 2), v.transpose(1, 2))  # [B, n_kv, length + T, D]
+        y = F.scaled_dot_product_attention(q.transpose(1, 2).to(keys.dtype), keys, values, attn_mask=attn_mask,
                                            scale=self.scale, is_causal=attn_mask is None and T > 1,
                                            enable_gqa=nkv != nh)
-        h = layer.o(y.to(h.dtype).transpose(1, 2).reshape(1, T, nh * D), add=h)
+        h = layer.o(y.to(h.dtype).transpose(1, 2).reshape(B, T, nh * D), add=h)
         gate, up = layer.gate_up(layer.post_norm(h)).chunk(2, dim=-1)
         return layer.down(F.silu(gate) * up, add=h)
 

@@ -20,16 +20,19 @@ from eyas.errors import EyasError
 
 
 class StaticKV:
-    """Keys and values [layers, 1, n_kv, max_len, D] (batch 1); positions < `length` are valid.
+    """Keys and values [layers, batch, n_kv, max_len, D]; positions < `length` are valid (every row
+    of a batch advances together: a batch of answers is left-padded to one length).
 
     A drop-in for DraftCache in decoding (`update`, `crop`, `length`, `max_len`): the model's
-    forward writes every layer, then advances `length` by the positions it added.
+    forward writes every layer, then advances `length` by the positions it added. `dtype` is fp32
+    unless asked (above); a large batch on a GPU may keep the weights' dtype and half the memory.
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_len: int, device: torch.device):
-        shape = (layers, 1, kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_len: int, device: torch.device, *,
+                 batch: int = 1, dtype: torch.dtype = torch.float32):
+        shape = (layers, batch, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.length = 0
 
@@ -38,8 +41,8 @@ class StaticKV:
         return self.length
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k/v [1, n_kv, T, D] after the valid positions; return every key and value up to them
-        ([1, n_kv, length + T, D], fp32 views: nothing is copied)."""
+        """Store k/v [batch, n_kv, T, D] after the valid positions; return every key and value up to
+        them ([batch, n_kv, length + T, D], views in the cache's dtype: nothing is copied)."""
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
             raise EyasError(f"the KV cache holds {self.max_len} positions; {end} were needed",
