@@ -76,8 +76,10 @@ def capture(
 
     The target runs on `device` (moved there; None: where it is). `answers` names who generates
     (eyas.data.answers): "eyas" (its lean batched loop where the target has one) or "generate"
-    (Hugging Face's, for any target). Answers are generated a batch at a time inside a shard, so a shard holds at least `batch_size` prompts: large batches on a GPU stay
-    large.
+    (Hugging Face's, for any target). Either's answers are the target's, so `answers` is not part
+    of the capture's fingerprint and a capture may resume under the other (in bf16 the two round
+    differently: an answer may change after a near-tie). Answers are generated a batch at a time
+    inside a shard, so a shard holds at least `batch_size` prompts: large batches on a GPU stay large.
 
     Resumable: shard k always holds prompts [k*shard_size, (k+1)*shard_size); finished shards are
     kept, and a rerun with the same arguments continues after them. A folder holding a different
