@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decode import SAMPLING_TARGET, build_target, chi_square_pvalue
+from test_decode import GREEDY_TARGET, SAMPLING_TARGET, build_target, chi_square_pvalue
 from test_lean_forward import llama, qwen3  # noqa: F401 (module fixtures: a Llama and a Qwen3 target)
 
 import eyas.data.answers as answers
@@ -97,3 +97,15 @@ def test_a_long_prefill_in_chunks_gives_the_same_answers(llama, monkeypatch):
     monkeypatch.setattr(answers, "PREFILL_SCORES", len(PROMPTS) * 4 * 14 * 3)  # 3 query columns a chunk
     chunked, _ = both(llama, PROMPTS, dict(do_sample=False, max_new_tokens=10), [])
     assert torch.equal(chunked, whole)
+
+
+def test_a_cache_in_the_weights_dtype_answers_as_the_fp32_one(tmp_path, monkeypatch):
+    """Off the CPU the cache keeps the weights' dtype (bf16 attention); run that path here."""
+    target = build_target(tmp_path, 3, **GREEDY_TARGET)
+    target.model.to(torch.bfloat16)
+    sampling = dict(do_sample=False, max_new_tokens=6)
+    fp32_cache, _ = both(target, PROMPTS, sampling, [])
+    monkeypatch.setattr(answers, "_cache_dtype", lambda device, weights: weights)
+    bf16_cache, _ = both(target, PROMPTS, sampling, [])
+    assert bf16_cache.shape == fp32_cache.shape
+    assert torch.equal(bf16_cache[:, :3], fp32_cache[:, :3])  # logit gaps here are far above bf16 rounding

@@ -98,8 +98,7 @@ def _lean_generate(lean: LeanTarget, ids: Tensor, starts: Tensor, sampling: dict
     """New tokens [B, n <= max_new_tokens] from the lean forward over a batched static cache; it
     stops early once every row has produced an end-of-turn token."""
     (B, P), n, device = ids.shape, sampling["max_new_tokens"], ids.device
-    dtype = torch.float32 if device.type == "cpu" else lean.embed.weight.dtype  # eyas.decode.static_cache
-    cache = lean.new_cache(P + n, batch=B, dtype=dtype)
+    cache = lean.new_cache(P + n, batch=B, dtype=_cache_dtype(device, lean.embed.weight.dtype))
     cols = torch.arange(P + n, device=device)
     real = cols[None, :] >= starts[:, None]  # [B, P + n]: the columns that are not padding
     positions = (cols[None, :] - starts[:, None]).clamp(min=0)
@@ -116,6 +115,12 @@ def _lean_generate(lean: LeanTarget, ids: Tensor, starts: Tensor, sampling: dict
         step_mask = real[:, None, : P + t + 1] if padded else None
         out = lean.forward(tokens[:, t : t + 1], positions[:, P + t : P + t + 1], cache, (), mask=step_mask)
     return tokens
+
+
+def _cache_dtype(device: torch.device, weights: torch.dtype) -> torch.dtype:
+    """fp32 keys and values on a CPU, where fp32 attention is the fast one (eyas.decode.static_cache);
+    the weights' dtype elsewhere, which halves a large batch's cache."""
+    return torch.float32 if device.type == "cpu" else weights
 
 
 def _prefill(lean: LeanTarget, ids: Tensor, positions: Tensor, real: Tensor, cache: StaticKV) -> TargetOutput:
