@@ -10,6 +10,7 @@ from test_decode import GREEDY_TARGET, SAMPLING_TARGET, build_target, chi_square
 from test_lean_forward import llama, qwen3  # noqa: F401 (module fixtures: a Llama and a Qwen3 target)
 
 import eyas.data.answers as answers
+import eyas.devices as devices
 import eyas.decode.lean_forward as lean_module
 from eyas.decode.lean_forward import lean_target
 from eyas.decode.sampling import Sampling
@@ -69,9 +70,9 @@ def test_a_target_without_the_lean_forward_answers_through_generate(llama, monke
 
 
 def test_a_lean_copy_that_would_not_fit_leaves_the_answers_to_generate(llama, monkeypatch):
-    monkeypatch.setattr(answers, "free_bytes", lambda device: 1000)
+    monkeypatch.setattr(devices, "free_bytes", lambda device: 1000)
     assert answers._lean_if_it_fits(llama, torch.Size([4, 14]), 20) is None
-    monkeypatch.setattr(answers, "free_bytes", lambda device: 1 << 40)
+    monkeypatch.setattr(devices, "free_bytes", lambda device: 1 << 40)
     assert answers._lean_if_it_fits(llama, torch.Size([4, 14]), 20) is not None
 
 

@@ -18,6 +18,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import eyas.data.answers as answers_module
 import eyas.data.capturing as capturing
+import eyas.decode.packed as packed_module
+import eyas.devices as devices
 from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.data.prompts import _json_array_items
 from eyas.data.shards import text_sha256
@@ -287,6 +289,20 @@ def test_capture_answers_through_generate_when_asked(tmp_path, target, captured,
     with pytest.raises(EyasError, match="answers='vllm' is not an answering engine"):
         run_capture(target, tmp_path / "other", answers="vllm")
     assert not (tmp_path / "other").exists()
+
+
+def test_the_feature_forward_runs_packed_where_a_copy_fits(tmp_path, target, monkeypatch):
+    """The decoder's linears (not lm_head) run packed for the feature forward, unless a copy would not
+    fit; test_capture_features_are_one_forward_over_prompt_and_greedy_answer holds the features to
+    transformers' own forward."""
+    real, packed = packed_module.packed_linears, []
+    monkeypatch.setattr(packed_module, "packed_linears", lambda module: packed.append(module) or real(module))
+    run_capture(target, tmp_path / "fits")
+    assert packed and all(m is target.model.base_model for m in packed)
+    packed.clear()
+    monkeypatch.setattr(devices, "free_bytes", lambda device: 1000)
+    run_capture(target, tmp_path / "tight", answers="generate")
+    assert not packed
 
 
 def test_capture_bf16_default(tmp_path, target):

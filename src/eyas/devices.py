@@ -61,6 +61,13 @@ def free_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def room_for_a_copy(model: torch.nn.Module, extra: int = 0) -> bool:
+    """Whether a second copy of `model`'s weights plus `extra` bytes would take at most half the
+    memory free on its device: the price of eyas's packed and lean forwards, paid where it leaves room."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights + extra <= free_bytes(next(model.parameters()).device) / 2
+
+
 def gib(nbytes: float) -> str:
     """A size as people read it: GiB for models, MiB or KiB for what is smaller."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from eyas.devices import free_bytes
+from eyas.devices import room_for_a_copy
 
 if TYPE_CHECKING:
     from eyas.decode.lean_forward import LeanTarget
@@ -86,11 +86,10 @@ def _lean_if_it_fits(target: Target, shape: torch.Size, max_new_tokens: int) -> 
     if lean_forward.unsupported(target) is not None:
         return None
     c, model = target.config, target.model
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     cache = 2 * c.num_hidden_layers * shape[0] * c.num_key_value_heads * head_dim * (shape[1] + max_new_tokens)
-    cache *= 4 if model.device.type == "cpu" else model.dtype.itemsize
-    return lean_forward.lean_target(target) if weights + cache <= free_bytes(model.device) / 2 else None
+    cache *= _cache_dtype(model.device, model.dtype).itemsize
+    return lean_forward.lean_target(target) if room_for_a_copy(model, cache) else None
 
 
 def _lean_generate(lean: LeanTarget, ids: Tensor, starts: Tensor, sampling: dict[str, Any],
