@@ -26,16 +26,11 @@ import torch
 
 from eyas.bench import git_commit
 from eyas.data import answer, encode_prompts, read_prompts
-from eyas.devices import parse_device
+from eyas.devices import parse_device, synchronize
 from eyas.dtypes import to_dtype
 from eyas.target import Target
 
 ENGINES = ("generate", "eyas")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -69,10 +64,10 @@ def main() -> None:
             got = {}
             for engine in ENGINES[b % 2 :] + ENGINES[: b % 2]:
                 torch.manual_seed(b)
-                sync(device)
+                synchronize(device)
                 t0 = time.perf_counter()
                 got[engine] = answer(target, batch, sampling, lean=engine == "eyas")
-                sync(device)
+                synchronize(device)
                 seconds[engine] += time.perf_counter() - t0
                 tokens[engine] += sum(map(len, got[engine]))
             same += sum(x == y for x, y in zip(got["eyas"], got["generate"]))

@@ -74,6 +74,9 @@ def test_a_lean_copy_that_would_not_fit_leaves_the_answers_to_generate(llama, mo
     assert answers._lean_if_it_fits(llama, torch.Size([4, 14]), 20) is None
     monkeypatch.setattr(devices, "free_bytes", lambda device: 1 << 40)
     assert answers._lean_if_it_fits(llama, torch.Size([4, 14]), 20) is not None
+    weights = sum(p.numel() * p.element_size() for p in llama.model.parameters())
+    monkeypatch.setattr(devices, "free_bytes", lambda device: weights)  # half: the cache, not a second copy
+    assert answers._lean_if_it_fits(llama, torch.Size([4, 14]), 20) is not None  # the copy exists: kept
 
 
 def test_sampled_answers_follow_the_targets_distribution(tmp_path):

@@ -300,8 +300,15 @@ def test_the_feature_forward_runs_packed_where_a_copy_fits(tmp_path, target, mon
     run_capture(target, tmp_path / "fits")
     assert packed and all(m is target.model.base_model for m in packed)
     packed.clear()
+    run_capture(target, tmp_path / "again")  # the copy made: it needs no room again
+    assert packed
+    packed.clear()
+    fresh = Target.load(target.path)  # no copy yet
     monkeypatch.setattr(devices, "free_bytes", lambda device: 1000)
-    run_capture(target, tmp_path / "tight", answers="generate")
+    run_capture(target, tmp_path / "made", answers="generate")
+    assert packed
+    packed.clear()
+    run_capture(fresh, tmp_path / "tight", answers="generate")  # and no room for one
     assert not packed
 
 

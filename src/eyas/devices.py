@@ -61,11 +61,18 @@ def free_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def room_for_a_copy(model: torch.nn.Module, extra: int = 0) -> bool:
+def room_for_a_copy(model: torch.nn.Module, extra: int = 0, *, made: bool = False) -> bool:
     """Whether a second copy of `model`'s weights plus `extra` bytes would take at most half the
-    memory free on its device: the price of eyas's packed and lean forwards, paid where it leaves room."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    memory free on its device: the price of eyas's packed and lean forwards, paid where it leaves room.
+    `made`: the copy exists already (it is in the free memory's count), so only `extra` must fit."""
+    weights = 0 if made else sum(p.numel() * p.element_size() for p in model.parameters())
     return weights + extra <= free_bytes(next(model.parameters()).device) / 2
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU work queued on `device` (nothing on a CPU), so that a wall clock times it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def gib(nbytes: float) -> str:

@@ -133,7 +133,8 @@ def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0)
         return sample["greedy"]
     h = sample["last_hidden"][first:].to(lm_head.dtype)
     # [R, H] @ [H, V] -> [R], HEAD_ROWS rows at a time; the argmax of the exact fp32 values (the same
-    # index: the first maximum), which torch finds several times faster than over bf16
+    # index: the first maximum), which torch finds 3x faster than over bf16 on the AVX-512 EPYC
+    # (benchmarks/README.md, bench_eval.py)
     y = torch.cat([(h[r:r + HEAD_ROWS] @ lm_head.T).float().argmax(-1) for r in range(0, h.shape[0], HEAD_ROWS)])
     return torch.cat([y.new_full((first,), -1), y]) if first else y
 

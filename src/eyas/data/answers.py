@@ -14,6 +14,7 @@ padding query attends to itself only, so that its row of the softmax is defined;
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,7 +81,8 @@ def left_padded(prompt_ids: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
 
 def _lean_if_it_fits(target: Target, shape: torch.Size, max_new_tokens: int) -> LeanTarget | None:
     """The lean forward, where the target has one and its packed weight copy plus the batch's cache
-    take at most half the free memory (a copy already built costs nothing more)."""
+    take at most half the free memory (a copy already built costs nothing more: a capture that began
+    with the lean forward keeps it)."""
     from eyas.decode import lean_forward  # the decoder loads when answers are generated, not with the CLI
 
     if lean_forward.unsupported(target) is not None:
@@ -89,7 +91,8 @@ def _lean_if_it_fits(target: Target, shape: torch.Size, max_new_tokens: int) -> 
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     cache = 2 * c.num_hidden_layers * shape[0] * c.num_key_value_heads * head_dim * (shape[1] + max_new_tokens)
     cache *= _cache_dtype(model.device, model.dtype).itemsize
-    return lean_forward.lean_target(target) if room_for_a_copy(model, cache) else None
+    fits = room_for_a_copy(model, cache, made=lean_forward.built(target))
+    return lean_forward.lean_target(target) if fits else None
 
 
 def _lean_generate(lean: LeanTarget, ids: Tensor, starts: Tensor, sampling: dict[str, Any],
@@ -106,8 +109,9 @@ def _lean_generate(lean: LeanTarget, ids: Tensor, starts: Tensor, sampling: dict
     ends = torch.tensor(eos, dtype=torch.long, device=device)
     tokens = torch.empty(B, n, dtype=torch.long, device=device)
     ended = torch.zeros(B, dtype=torch.bool, device=device)
+    choose = _chooser(sampling)
     for t in range(n):
-        tokens[:, t] = _choose(out.logits[:, -1], sampling)
+        tokens[:, t] = choose(out.logits[:, -1])
         ended |= torch.isin(tokens[:, t], ends)
         if t == n - 1 or ((t + 1) % DONE_EVERY == 0 and bool(ended.all())):
             return tokens[:, : t + 1]
@@ -135,14 +139,14 @@ def _prefill(lean: LeanTarget, ids: Tensor, positions: Tensor, real: Tensor, cac
     return out
 
 
-def _choose(logits: Tensor, sampling: dict[str, Any]) -> Tensor:
-    """The next token of every row [B] from its logits [B, V]: argmax, or a draw from the warped p."""
+def _chooser(sampling: dict[str, Any]) -> Callable[[Tensor], Tensor]:
+    """How every row's next token [B] comes from its logits [B, V]: argmax, or a draw from the warped p."""
     if not sampling["do_sample"]:
-        return logits.argmax(dim=-1)
+        return lambda logits: logits.argmax(dim=-1)
     from eyas.decode.sampling import Sampling, warp_probs
 
     s = Sampling(temperature=sampling["temperature"], top_p=sampling["top_p"], top_k=sampling["top_k"] or 0)
-    return torch.multinomial(warp_probs(logits, s), 1)[:, 0]
+    return lambda logits: torch.multinomial(warp_probs(logits, s), 1)[:, 0]
 
 
 def _hf_generate(target: Target, ids: Tensor, starts: Tensor, sampling: dict[str, Any], pad: int,

@@ -248,14 +248,14 @@ def _forward(target: Target, seqs: list[list[int]], layers: list[int]) -> list[t
     AVX2 eyas's bf16 kernel, 2.9x sooner, its sums in another order (the features move by 0.6% of
     their norm, as much as transformers' own AVX2 and AVX-512 features differ: benchmarks/README.md).
     """
-    from eyas.decode.packed import packed_linears  # the decoder loads when a capture runs, not with the CLI
+    from eyas.decode.packed import is_packed, packed_linears  # loaded by a capture, not by the CLI
 
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), pad_id(target), dtype=torch.long)
     for b, s in enumerate(seqs):
         ids[b, : len(s)] = torch.tensor(s)
     decoder = target.model.base_model
-    packed = target.model.device.type == "cpu" and room_for_a_copy(decoder)
+    packed = target.model.device.type == "cpu" and room_for_a_copy(decoder, made=is_packed(decoder))
     with packed_linears(decoder) if packed else nullcontext():
         out = target.forward(ids.to(target.model.device), layers, with_logits=False)
     return [(out.features[b, : len(s)], out.last_hidden[b, : len(s)]) for b, s in enumerate(seqs)]

@@ -172,11 +172,16 @@ class LeanTarget:
 _BUILT: weakref.WeakKeyDictionary[Target, LeanTarget] = weakref.WeakKeyDictionary()
 
 
+def built(target: Target) -> bool:
+    """Whether `target`'s lean forward exists already, made from its current weights."""
+    lean = _BUILT.get(target)
+    return lean is not None and lean.weights_id == _weights_id(target)
+
+
 def lean_target(target: Target) -> LeanTarget | None:
     """The lean forward of `target` (built once per loaded target), or None when it is unsupported."""
     if unsupported(target) is not None:
         return None
-    lean = _BUILT.get(target)
-    if lean is None or lean.weights_id != _weights_id(target):
-        lean = _BUILT[target] = LeanTarget(target)
-    return lean
+    if not built(target):
+        _BUILT[target] = LeanTarget(target)
+    return _BUILT[target]

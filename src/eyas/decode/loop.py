@@ -22,17 +22,12 @@ from eyas.decode.sampling import Sampling, choose, warp_probs
 from eyas.decode.stats import DecodeStats
 from eyas.decode.tree import DraftTree, root_only
 from eyas.decode.verify import decoder, keep_accepted_kv, prefill, verify
+from eyas.devices import synchronize
 from eyas.drafter import Drafter
 from eyas.errors import EyasError
 from eyas.target import Target, check_fits
 
 DEFAULT_DRAFT_TOKENS = 4  # chain length when a drafter is given without draft_tokens or tree
-
-
-def _sync(device: torch.device) -> None:
-    """Wait for queued GPU work, so that wall-clock timings are attributed to the right phase."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _prompt(input_ids, device: torch.device) -> Tensor:
@@ -159,7 +154,7 @@ def generate(
         model = decoder(target)
         max_len = T + max_new_tokens + _verified_nodes(max_draft, tree_shape, ngram_tokens)
         first = prefill(model, prompt, capture, max_len)
-        _sync(device)
+        synchronize(device)
         stats.time["prefill"] += time.perf_counter() - t0
         cache, token = first.past_key_values, choose(first.logits[0, -1], s)
         done = out.emit([token])
@@ -187,13 +182,13 @@ def generate(
             if context is not None and draft.q is None and room > 1:
                 branch = context.propose(min(length.now, room - 1))
                 draft, _ = add_branch(draft, branch)
-            _sync(device)
+            synchronize(device)
             stats.time["draft"] += time.perf_counter() - t0
 
             # 2. verify: one target forward over the root and every draft node
             t0 = time.perf_counter()
             scored = verify(model, draft, cache, n, capture)
-            _sync(device)
+            synchronize(device)
             stats.time["verify"] += time.perf_counter() - t0
 
             # 3. accept

@@ -88,13 +88,21 @@ class _PackedModule(nn.Module):
 _PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, PackedLinear]] = weakref.WeakKeyDictionary()
 
 
-def _packed(linear: nn.Linear) -> PackedLinear:
+def _stamp(linear: nn.Linear) -> tuple:
     w = linear.weight
-    stamp = (w.data_ptr(), w._version, w.dtype, None if linear.bias is None else linear.bias._version)
+    return w.data_ptr(), w._version, w.dtype, None if linear.bias is None else linear.bias._version
+
+
+def _packed(linear: nn.Linear) -> PackedLinear:
     known = _PACKED.get(linear)
-    if known is None or known[0] != stamp:
-        known = _PACKED[linear] = (stamp, PackedLinear([linear]))
+    if known is None or known[0] != _stamp(linear):
+        known = _PACKED[linear] = (_stamp(linear), PackedLinear([linear]))
     return known[1]
+
+
+def is_packed(module: nn.Module) -> bool:
+    """Whether every nn.Linear of `module` has its packed copy already (`packed_linears` makes none)."""
+    return all(m in _PACKED and _PACKED[m][0] == _stamp(m) for m in module.modules() if isinstance(m, nn.Linear))
 
 
 @contextmanager
