@@ -377,6 +377,24 @@ def test_healthy_draft_is_ok(healthy_report):
     assert rep["static"]["problems"] and rep["hazards"] == []  # the local verifier path: not an acceptance fault
 
 
+def test_a_bounded_cache_of_target_log_probs_gives_the_same_diagnosis(healthy, states, healthy_report, monkeypatch):
+    """The target's log-probability tables are kept up to a byte budget; at 1 byte only the table in
+    use is held, every other is recomputed, and every figure stays the same."""
+    import eyas.doctor.measure as measure
+
+    held, compute = [], measure.Measurer._target_log_probs
+
+    def spy(self, *args):
+        table = compute(self, *args)
+        held.append(len(self._log_p))
+        return table
+    monkeypatch.setattr(measure, "LOG_P_BYTES", 1)
+    monkeypatch.setattr(measure.Measurer, "_target_log_probs", spy)
+    rep = diagnose(healthy, capture=states, progress=False)
+    assert held and max(held) == 1
+    assert rep["measured"] == healthy_report["measured"] and rep["findings"] == healthy_report["findings"]
+
+
 @pytest.mark.parametrize("slug", CHECKPOINT_FAULTS)
 def test_checkpoint_fault_is_named_first(slug, healthy, states, tmp_path):
     draft = shutil.copytree(healthy, tmp_path / "draft")

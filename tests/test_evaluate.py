@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eyas.evaluate import chain_acceptance, chain_truth, tree_tau
+from eyas.acceptance import chain_acceptance, tree_tau
+from eyas.evaluate import chain_truth
 
 
 def test_chain_truth_on_greedy_data_is_the_stored_continuation():
@@ -182,6 +183,54 @@ def test_eval_cli_on_a_random_draft(tiny, tmp_path, capsys):
     taus = [rep["tau_chain"][str(k)] for k in range(1, 5)]
     assert taus == sorted(taus) and taus[-1] < 1.3  # a random draft is almost never right
     assert png.stat().st_size > 1000
+
+
+def test_eval_against_a_second_draft_reports_both_and_their_paired_difference(tiny, tmp_path, capsys):
+    folder, shards = tiny
+    lm_head = target_tensors(folder, ["lm_head.weight"])["lm_head.weight"]
+    right, wrong = oracle(folder, 0), oracle(folder, 1)
+    alone = evaluate_samples(wrong, inner(open_shards(shards), 3), lm_head, depth=3)
+    rep = evaluate_samples(right, inner(open_shards(shards), 3), lm_head, depth=3, against=wrong)
+    assert {k: rep["against"][k] for k in alone} == alone  # the second draft's figures as if measured alone
+    d = rep["against"]["difference"]["acceptance_depth1"]
+    assert d["difference"] == pytest.approx(1.0 - alone["acceptance_by_depth"][0])
+    assert 0 < d["ci95"][0] <= d["difference"] <= d["ci95"][1] <= 1
+    same = evaluate_samples(right, inner(open_shards(shards), 3), lm_head, depth=3, against=right)
+    assert same["against"]["difference"]["tau_tree"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
+    lo, hi = rep["ci95"]["tau_chain"]["3"]
+    assert lo == hi == 4.0  # the oracle is right everywhere: every resample gives tau 4
+
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    capsys.readouterr()
+    png = tmp_path / "both.png"
+    assert main(["eval", str(draft), "--data", str(shards), "--target", str(folder), "--depth", "2",
+                 "--dtype", "fp32", "--against", str(draft), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert png.stat().st_size > 1000 and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert "95% intervals, resampling the" in out and f"against {draft}:" in out
+    assert "this draft minus it, on the same samples: depth-1 +0.000 (95% +0.000 to +0.000)" in out
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--against", "no-such-draft"], "no-such-draft does not exist (--against)"),
+    (["--against", "default", "--temperature", "0.8"], "compared on greedy figures only"),
+])
+def test_eval_against_refuses_bad_flags_before_loading(tiny, flags, says, capsys):
+    folder, shards = tiny
+    assert main(["eval", "--data", str(shards), "--target", str(folder), *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_eval_against_a_draft_reading_other_layers_is_refused(tiny, tmp_path, capsys):
+    folder, shards = tiny
+    for name, layers in [("a", "1,2,4"), ("b", "0,2,4")]:
+        assert main(["init", str(tmp_path / name), "--target", str(folder), "--capture-layers", layers]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "a"), "--data", str(shards), "--target", str(folder),
+                 "--against", str(tmp_path / "b")]) == 2
+    assert "one set of features cannot measure both" in capsys.readouterr().err
 
 
 def test_eval_refuses_a_draft_for_another_target(tiny, tmp_path, capsys):

@@ -106,8 +106,10 @@ def test_errors_found_after_reading_name_the_config(world, capsys, edit, also):
     cfg = json.loads((world["eagle"] / "config.json").read_text())
     edit(cfg)
     case = _mutated_copy(world, "eagle", world["root"] / "after-reading", "config.json", json.dumps(cfg).encode())
-    rc, _, err = run_main(["eval", str(case), "--target", str(world["target"]), "--data", str(world["shards"]),
-                       "--dtype", "fp32", "--no-progress"], capsys)
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert rc == 2 and len(errors) == 1, err
-    assert str(case / "config.json") in errors[0] and also in errors[0], errors[0]
+    common = ["--target", str(world["target"]), "--data", str(world["shards"]), "--dtype", "fp32", "--no-progress"]
+    for drafts in ([str(case)], [str(world["eagle"]), "--against", str(case)]):  # the draft, or the one compared
+        rc, _, err = run_main(["eval", *drafts, *common], capsys)
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert rc == 2 and len(errors) == 1, err
+        assert str(case / "config.json") in errors[0], errors[0]
+        assert also in errors[0] or drafts[1:] and "capture layers [1, 2, 3]" in errors[0], errors[0]

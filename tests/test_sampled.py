@@ -166,6 +166,23 @@ def test_eval_at_a_temperature_adds_the_sampled_section_and_keeps_the_greedy_one
     assert "greedy" in s["note"] and "--temperature 0.8" in s["note"]  # the answers were captured greedily
 
 
+def test_the_sampled_intervals_are_of_the_figures_reported():
+    """Five copies of one sample: every resample gives the sample's own figures, so each interval
+    shrinks to the figure it belongs to (a numerator or a depth that is not the figure's would not)."""
+    from eyas.sampled import sampled_report
+
+    g = torch.Generator().manual_seed(0)
+    alpha = torch.rand(40, 4, 3, generator=g, dtype=torch.float64)
+    valid = torch.cummin(torch.rand(40, 4, generator=g) < 0.9, dim=1).values
+    s = sampled_report([(alpha, valid)] * 5, 0.8, 2, 3, None)
+    ci = s["ci95"]
+    assert ci["samples"] == 5 and ci["tau_chain"]["k"] == 4
+    for mode in ("chain", "greedy_draft"):
+        assert ci["acceptance_depth1"][mode] == pytest.approx([s["acceptance_by_depth"][mode][0]] * 2)
+        assert ci["tau_chain"][mode] == pytest.approx([s["tau_chain"][mode]["4"]] * 2)
+    assert ci["tau_tree"] == pytest.approx([s["tau_tree"]["tau"]] * 2)
+
+
 def test_eval_cli_prints_the_sampled_section(tiny, draft, capsys):
     folder, shards = tiny
     capsys.readouterr()
@@ -173,6 +190,7 @@ def test_eval_cli_prints_the_sampled_section(tiny, draft, capsys):
                  "fp32", "--no-progress", "--temperature", "0.9"]) == 0
     out = capsys.readouterr().out
     assert "sampled at temperature 0.9" in out and "greedy draft (vLLM)" in out and "tree (top-4)" in out
+    assert "95% intervals, resampling the" in out and "(greedy draft); tree" in out
 
 
 def test_eval_refuses_a_temperature_for_a_cache_without_the_last_state(tiny, draft, tmp_path, capsys):

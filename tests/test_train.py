@@ -279,6 +279,7 @@ def test_training_lowers_the_loss_and_exports_both_formats(target_dir, captured,
         taus = [r["tau_chain"][str(k)] for k in range(1, 6)]
         assert r["tau"] == taus[-1] and taus == sorted(taus) and r["tokens"] > 0
         assert r["accept_depth1"] == r["acceptance_by_depth"][0]
+        assert 1 <= r["tau_ci95"][0] <= r["tau_ci95"][1] <= 6  # its interval over resampled held-out samples
     assert summary["eval"]["step"] == summary["steps"] and 0 < summary["coverage"] <= 1
     assert (out / "train_curves.png").stat().st_size > 0
     assert any((out / "checkpoints").glob("step_*.pt"))

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
+from eyas.acceptance import difference, figures, sample_counts, stacked
+from eyas.atomic import write_atomic
 from eyas.contract import default_capture_layers
 from eyas.data import MANIFEST, capture, read_prompts
 from eyas.data.shards import check_target
@@ -71,53 +73,6 @@ def chain_truth(input_ids: torch.Tensor, greedy: torch.Tensor, depth: int) -> tu
     return truth, valid
 
 
-def chain_acceptance(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> dict:
-    """Per-depth conditional acceptance and greedy chain tau from teacher-forced predictions.
-
-    pred/truth/valid: [N, K] (target-vocab ids; N chain starts; K depths). A chain start counts
-    for depth j only if it is valid there. accepted[n, j] = all drafted tokens 0..j were right.
-    Returns acceptance_by_depth (P(depth j right | depths < j right), depth 1 first), tau_chain
-    ({"1": .., "K": ..}: 1 + expected accepted tokens with k drafted, the bonus token included)
-    and the counts behind them.
-
-    Every tau_chain[k] is measured over ONE set of chain starts, those valid through depth K: with
-    a set per k, the starts near an answer's end (short chains, often accepted) drop out as k grows
-    and tau could fall with k, which no decoder does. Over one set, tau is non-decreasing in k.
-    """
-    K = pred.shape[1]
-    correct = (pred == truth) & valid
-    accepted = torch.cummin(correct.int(), dim=1).values.bool()  # [N, K]
-    # conditional acceptance at depth j: among starts accepted through j-1 and valid at j
-    reached = torch.ones_like(accepted)
-    reached[:, 1:] = accepted[:, :-1]
-    reached &= valid
-    by_depth, counts = [], []
-    for j in range(K):
-        n = int(reached[:, j].sum())
-        counts.append(n)
-        by_depth.append(float(accepted[:, j][reached[:, j]].float().mean()) if n else float("nan"))
-    # tau(k) = 1 + E[accepted tokens among the first k], over the starts valid through depth K
-    rows = valid[:, K - 1]
-    run = accepted[rows].double().sum(0).cumsum(0)  # [K]: accepted tokens within the first k, summed
-    n = int(rows.sum())
-    tau = {str(k): float(1 + run[k - 1] / n) if n else float("nan") for k in range(1, K + 1)}
-    return {"acceptance_by_depth": by_depth, "depth_counts": counts, "tau_chain": tau}
-
-
-def tree_tau(topk_ids: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor, depth: int) -> float:
-    """Tau of a top-k tree of `depth` levels, measured along the target's greedy path.
-
-    topk_ids: [N, K, k] the draft's k best target-vocab ids at each depth, teacher-forced along the
-    true path. The true token survives level j when it is among the k candidates of its parent at
-    every level up to j. This is what a full top-k tree of that depth accepts; an EAGLE-2 dynamic
-    tree with a smaller node budget accepts at most this (an upper bound for it).
-    """
-    hit = (topk_ids[:, :depth] == truth[:, :depth, None]).any(-1) & valid[:, :depth]
-    accepted = torch.cummin(hit.int(), dim=1).values
-    rows = valid[:, depth - 1]
-    return float(1 + accepted[rows].sum(1).float().mean()) if rows.any() else float("nan")
-
-
 HEAD_ROWS = 256  # positions per full-vocabulary product: all of a 2048-token sample's logits over a
 # 128k vocabulary would be 1 GB in fp32, 256 rows are 131 MB
 
@@ -145,6 +100,26 @@ def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0)
 ROWS_MIN = 32
 
 
+def _chain_starts(sample: dict) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
+    """The sample shifted for the draft, where chains start [T - 1] bool, and the start positions
+    when they are enough to compute alone (else None: every position is computed)."""
+    s = shift_for_draft(sample)
+    # draft position t reads x_{t+1} and is labelled with x_{t+2}: both must be answer tokens (the
+    # first answer token comes from the target's prefill; after the last one decoding stops)
+    starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
+    # the draft computes later steps at the chain starts only (row for row the same products, as long
+    # as there are enough rows for the matrix kernels to stay the same: see ROWS_MIN)
+    at = starts.nonzero()[:, 0] if int(starts.sum()) >= ROWS_MIN else None
+    return s, starts, at
+
+
+def answer_greedy(sample: dict, lm_head: torch.Tensor | None) -> torch.Tensor:
+    """`target_greedy` at the rows `sample_predictions` reads (from the first chain start on), computed
+    exactly as it computes them: what callers measuring several drafts on one sample pass in."""
+    at = _chain_starts(sample)[2]
+    return target_greedy(sample, lm_head, first=0 if at is None else int(at[0]))
+
+
 def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, *,
                        greedy: torch.Tensor | None = None, prune: int | None = None,
                        measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> dict:
@@ -153,7 +128,7 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     Chains start at every position whose given token x_{t+1} and first label x_{t+2} are part of
     the answer (loss_mask), i.e. the states decoding actually visits.
     Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth],
-    and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `target_greedy(sample,
+    and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `answer_greedy(sample,
     lm_head)` when the caller already has it.
 
     `measure(logits, rows)`, for measures beyond the argmax: called with each depth's draft logits
@@ -168,15 +143,9 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     acceptance, chain tau and tree tau count is unchanged, and most starts end within a few steps.
     """
     ids = sample["input_ids"]  # [T]
-    s = shift_for_draft(sample)
-    # draft position t reads x_{t+1} and is labelled with x_{t+2}: both must be answer tokens (the
-    # first answer token comes from the target's prefill; after the last one decoding stops)
-    starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
-    # the draft computes later steps at the chain starts only (row for row the same products, as long
-    # as there are enough rows for the matrix kernels to stay the same: see ROWS_MIN)
-    at = starts.nonzero()[:, 0] if int(starts.sum()) >= ROWS_MIN else None
+    s, starts, at = _chain_starts(sample)
     if greedy is None:  # callers measuring many drafts on one sample pass it in (one full-vocab matmul)
-        greedy = target_greedy(sample, lm_head, first=0 if at is None else int(at[0]))
+        greedy = answer_greedy(sample, lm_head)
     truth, valid = chain_truth(ids, greedy, depth)
     truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts]
     dtype = next(drafter.parameters()).dtype
@@ -243,19 +212,25 @@ def _pruned_topk(drafter, s: dict, next_ids: torch.Tensor, at: torch.Tensor, tru
 
 def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8, tree_top_k: int = 4,
                      tree_depth: int = 5, temperature: float = 0.0, answers_temperature: float | None = None,
-                     progress=None) -> dict:
+                     progress=None, against=None) -> dict:
     """Offline acceptance of `drafter` over captured samples (see the module docstring).
 
     lm_head: the target's [V, H] output matrix (tied embeddings: the embedding matrix).
-    Returns a JSON-ready dict: tokens (chain starts evaluated), acceptance_by_depth, tau_chain
-    (k = "1".."depth"), tau_tree (a full top-k tree of tree_depth levels along the greedy path),
-    coverage (share of the target's next tokens inside the draft vocab), and the counts. With a
-    `temperature` > 0 also `sampled`: the expected acceptance when serving samples at it
-    (eyas.sampled; `answers_temperature`, what the answers were sampled at, only feeds its note).
+    Returns a JSON-ready dict (`eyas.acceptance.figures`): tokens (chain starts evaluated),
+    acceptance_by_depth, tau_chain (k = "1".."depth"), tau_tree (a full top-k tree of tree_depth
+    levels along the greedy path), coverage (share of the target's next tokens inside the draft
+    vocab), the counts, and ci95 (95% intervals of depth-1, chain and tree tau over resampled
+    samples). With a `temperature` > 0 also `sampled`: the expected acceptance when serving samples
+    at it (eyas.sampled; `answers_temperature`, what the answers were sampled at, only feeds its
+    note). `against`: a second drafter measured on the same samples (greedy figures only), reported
+    as `against` with `difference`, this draft's figures minus its, with paired intervals.
     """
-    parts, sampled = [], []
     if temperature > 0 and lm_head is None:
         raise EyasError("sampled acceptance needs the target's distributions", "evaluate with the last hidden state")
+    if temperature > 0 and against is not None:
+        raise EyasError("a second draft is compared on greedy figures only", "leave out the temperature")
+    tree_d = min(tree_depth, depth)
+    counts, other, sampled = [], [], []
     with torch.inference_mode():
         for sample in samples:
             if int(sample["loss_mask"].sum()) < 2:
@@ -265,21 +240,20 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
                 part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, measure=measure)
                 sampled.append((part.pop("measured"), answer_depths(sample, part.pop("rows"))))
             else:
-                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, prune=min(tree_depth, depth))
-            parts.append(part)
+                greedy = None if against is None else answer_greedy(sample, lm_head)  # once for both drafts
+                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, greedy=greedy, prune=tree_d)
+                if against is not None:
+                    other.append(sample_counts(sample_predictions(against, sample, lm_head, depth, tree_top_k,
+                                                                  greedy=greedy, prune=tree_d), tree_d))
+            counts.append(sample_counts(part, tree_d))
             if progress is not None:
                 progress(int(sample["loss_mask"].shape[0]))
-    if not parts:
+    if not counts:
         raise EyasError("no answer tokens to evaluate", "capture data with responses (loss_mask) first")
-    cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    chain = chain_acceptance(cat["pred"], cat["truth"], cat["valid"])
-    report = {
-        "tokens": int(cat["truth"].shape[0]),
-        **chain,
-        "tau_tree": {"top_k": tree_top_k, "depth": tree_depth,
-                     "tau": tree_tau(cat["topk"], cat["truth"], cat["valid"], min(tree_depth, depth))},
-        "coverage": float(cat["in_vocab"].float().mean()),
-    }
+    report = figures(stacked(counts), tree_top_k, tree_d)
+    if other:
+        report["against"] = figures(stacked(other), tree_top_k, tree_d) | {
+            "difference": difference(stacked(counts), stacked(other))}
     if sampled:
         report["sampled"] = sampled_report(sampled, temperature, tree_top_k, tree_depth, answers_temperature)
     return report
@@ -301,6 +275,7 @@ def evaluate(
     device: str | torch.device | None = None,
     layer_convention: str | None = None,
     temperature: float = 0.0,
+    against=None,
     progress: bool = True,
 ) -> dict:
     """`eyas eval`: load the draft, get features, measure acceptance.
@@ -319,20 +294,24 @@ def evaluate(
     (eyas.data.answers): in bf16 the two round differently, answers diverge after near-ties, and
     the shipped draft's MT-bench numbers move with the answers (depth-1 0.577 on generate's, 0.551 on
     the loop's, 0.566 on fp32's: docs/training.md); every MT-bench figure so far is on generate's.
+
+    `against`: a second draft (a folder, or "default" for the shipped one) measured on the same
+    samples; it must read the same capture layers. The report's `against` holds its figures and
+    `difference`, this draft's minus its, with 95% intervals from the same resampled samples.
     """
     from eyas.data.caches import PRE_NORM, open_cache  # other trainers' readers load only for --data
 
     t0 = time.perf_counter()
     dtype = eval_dtype(dtype, device)
     ref = TargetRef.resolve(target, needed_by="eyas eval", device=device, dtype=dtype)
-    drafter, config = load_drafter_and_config(drafter_path, target=ref, layer_convention=layer_convention,
-                                              dtype=dtype)
-    drafter.to(ref.device)
-    layers = drafter.contract.capture_layers
-    if layers is None:
-        layers = default_capture_layers(ref.num_layers)
-        print(f"warning: {drafter_path} names no capture layers; using the engine default {list(layers)}",
-              file=sys.stderr)
+    drafter, config, layers = _drafter_and_layers(drafter_path, ref, layer_convention, dtype)
+    other = None
+    if against is not None:
+        other, other_config, other_layers = _drafter_and_layers(against, ref, layer_convention, dtype)
+        if other_layers != layers:
+            raise EyasError(f"{other_config} (--against) reads capture layers {list(other_layers)} and {config} "
+                            f"reads {list(layers)}: one set of features cannot measure both",
+                            "compare drafts that read the same target layers (eyas check shows them)")
     with tempfile.TemporaryDirectory(prefix="eyas-eval-") as tmp:
         if data is None:
             capture(Target.load(ref), read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
@@ -357,10 +336,12 @@ def evaluate(
         answers = _answers_temperature(cache)
         report = evaluate_samples(drafter, samples, None if head is None else head.lm_head, depth=depth,
                                   tree_top_k=tree_top_k, tree_depth=tree_depth, temperature=temperature,
-                                  answers_temperature=answers, progress=bar.update)
+                                  answers_temperature=answers, progress=bar.update, against=other)
         bar.close()
     seconds = time.perf_counter() - t1
     report["drafter"] = str(resolve_drafter(drafter_path, ref))
+    if other is not None:
+        report["against"]["drafter"] = str(resolve_drafter(against, ref))
     report["target"] = str(ref.path)
     report["capture_layers"] = list(layers)
     where = str(info.path) if info.path != Path(tmp) else f"captured now from {prompts or 'mtbench'}"
@@ -372,6 +353,18 @@ def evaluate(
                       "positions_per_s": round(report["tokens"] / seconds, 1) if seconds > 0 else None,
                       "target_tensors_read": list(ref.read)}
     return report
+
+
+def _drafter_and_layers(path, ref: TargetRef, layer_convention: str | None, dtype: torch.dtype):
+    """The drafter at `path` on the target's device, its config, and the capture layers it reads (the
+    engines' default for a draft that names none, with a warning)."""
+    drafter, config = load_drafter_and_config(path, target=ref, layer_convention=layer_convention, dtype=dtype)
+    drafter.to(ref.device)
+    layers = drafter.contract.capture_layers
+    if layers is None:
+        layers = default_capture_layers(ref.num_layers)
+        print(f"warning: {path} names no capture layers; using the engine default {list(layers)}", file=sys.stderr)
+    return drafter, config, tuple(layers)
 
 
 def eval_dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> torch.dtype:
@@ -430,21 +423,32 @@ def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
 
 
 def plot_report(report: dict, path) -> None:
-    """Acceptance by depth and chain tau vs k, side by side, as a PNG."""
+    """Acceptance by depth and chain tau vs k (with its 95% intervals), side by side, as a PNG; with
+    `against`, the second draft beside the first."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    series = [report] + ([report["against"]] if "against" in report else [])
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    acc = report["acceptance_by_depth"]
-    a.bar(range(1, len(acc) + 1), acc)
+    width = 0.8 / len(series)
+    for i, rep in enumerate(series):
+        label, acc = Path(rep["drafter"]).name, rep["acceptance_by_depth"]
+        offset = (i - (len(series) - 1) / 2) * width
+        a.bar([j + 1 + offset for j in range(len(acc))], acc, width=width, label=label)
+        ks = sorted(rep["tau_chain"], key=int)
+        tau, ci = [rep["tau_chain"][k] for k in ks], [rep["ci95"]["tau_chain"][k] for k in ks]
+        b.errorbar([int(k) + offset / 4 for k in ks], tau, yerr=[[t - lo for t, (lo, _) in zip(tau, ci)],
+                                                                 [hi - t for t, (_, hi) in zip(tau, ci)]],
+                   marker="o", capsize=3, label=label)
     a.set(xlabel="draft depth", ylabel="acceptance (given earlier accepted)", ylim=(0, 1),
           title="per-depth acceptance")
-    ks = sorted(report["tau_chain"], key=int)
-    b.plot([int(k) for k in ks], [report["tau_chain"][k] for k in ks], marker="o")
-    b.set(xlabel="draft tokens k", ylabel="tau (tokens per target pass)", title="greedy chain tau")
+    b.set(xlabel="draft tokens k", ylabel="tau (tokens per target pass)",
+          title="greedy chain tau (95% intervals over samples)")
+    if len(series) > 1:
+        a.legend(fontsize=7)
     fig.suptitle(f"{report['drafter']}: {report['tokens']} positions")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_atomic(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from eyas.errors import EyasError
+from eyas.intervals import RESAMPLES, ratio_intervals
 from eyas.shift import shift_for_draft
 
 MODES = ("chain", "greedy_draft", "tree")
@@ -126,12 +127,39 @@ def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float,
     return measure
 
 
+def _accepted_sum(alpha: Tensor, valid: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(sum of E[accepted tokens among the first k], how many starts): over the starts valid through
+    depth k, the expectation of each being sum_{j<=k} prod_{i<=j} alpha_i. alpha, valid [N, K]."""
+    rows = valid[:, k - 1]
+    return alpha[rows, :k].double().cumprod(1).sum(1).sum(), rows.sum().double()
+
+
 def expected_tau(alpha: Tensor, valid: Tensor, k: int) -> float:
     """1 + E[sum_{j<=k} prod_{i<=j} alpha_i] over the starts valid through depth k: alpha, valid [N, K]."""
-    rows = valid[:, k - 1]
-    if not rows.any():
-        return float("nan")
-    return float(1 + alpha[rows, :k].double().cumprod(1).sum(1).mean())
+    total, starts = _accepted_sum(alpha, valid, k)
+    return float(1 + total / starts) if starts else float("nan")
+
+
+def _headline_sums(alpha: Tensor, valid: Tensor, D: int) -> tuple[Tensor, Tensor]:
+    """num, den [5] of one sample: depth-1 acceptance of the sampled chain and of the greedy draft,
+    their tau - 1 at k = K (over the starts valid through K), and the tree's tau - 1 at depth D."""
+    K, first = alpha.shape[1], valid[:, 0]
+    full = valid[:, K - 1]
+    sums = [(alpha[first, 0, i].double().sum(), first.sum().double()) for i in (0, 1)]
+    sums += [_accepted_sum(alpha[full][..., i], valid[full], K) for i in (0, 1)]
+    sums.append(_accepted_sum(alpha[..., 2], valid, D))
+    return torch.stack([n for n, _ in sums]), torch.stack([d for _, d in sums])
+
+
+def _intervals(parts: list[tuple[Tensor, Tensor]], D: int) -> dict:
+    """ci95 of the sampled section: its headline figures' 95% intervals over resampled samples (tau
+    at the largest k, as `_headline_sums`)."""
+    sums = [_headline_sums(a.cpu(), v.cpu(), D) for a, v in parts]
+    b = ratio_intervals(torch.stack([n for n, _ in sums]), torch.stack([d for _, d in sums])).tolist()
+    tau = [[1 + lo, 1 + hi] for lo, hi in b[2:]]
+    return {"samples": len(parts), "resamples": RESAMPLES,
+            "acceptance_depth1": {"chain": b[0], "greedy_draft": b[1]},
+            "tau_chain": {"k": parts[0][0].shape[1], "chain": tau[0], "greedy_draft": tau[1]}, "tau_tree": tau[2]}
 
 
 def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_top_k: int, tree_depth: int,
@@ -147,7 +175,7 @@ def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_
     K = alpha.shape[1]
     by_depth = {m: [float(alpha[valid[:, j], j, i].double().mean()) if valid[:, j].any() else float("nan")
                     for j in range(K)] for i, m in enumerate(MODES)}
-    full = valid[:, K - 1]  # one set of starts for every k, as eyas.evaluate.chain_acceptance counts
+    full = valid[:, K - 1]  # one set of starts for every k, as eyas.acceptance.chain_acceptance counts
     tau_chain = {m: {str(k): expected_tau(alpha[full][..., i], valid[full], k) for k in range(1, K + 1)}
                  for i, m in enumerate(MODES[:2])}
     D = min(tree_depth, K)
@@ -158,6 +186,7 @@ def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_
         "acceptance_by_depth": by_depth,
         "tau_chain": tau_chain,
         "tau_tree": {"top_k": tree_top_k, "depth": D, "tau": expected_tau(alpha[..., 2], valid, D)},
+        "ci95": _intervals(parts, D),
         "note": _note(temperature, answers_temperature),
     }
 

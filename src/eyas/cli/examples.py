@@ -25,6 +25,7 @@ EXAMPLES = {
   eyas eval --prompts mtbench --limit 10
   eyas eval ./draft --data ./shards --json
   eyas eval --prompts mtbench --limit 10 --temperature 0.8
+  eyas eval ./new-draft --prompts mtbench --against default
   eyas eval ./draft --target ./my-target --prompts prompts.jsonl --plot acceptance.png""",
     "train": """examples:
   eyas train --data ./shards --out ./run --draft-vocab 8192 --epochs 3

@@ -68,6 +68,7 @@ def format_eval(rep: dict[str, Any]) -> str:
         lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
+    lines += _format_intervals(rep)
     if any(math.isnan(t) for t in rep["tau_chain"].values()):
         lines.append("tau is nan where no chain start stays on the target's greedy path long enough: the stored "
                      "answers are not the target's greedy ones (regenerate them, e.g. eyas capture) or are too short")
@@ -85,6 +86,28 @@ def format_eval(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _span(bounds: list[float]) -> str:
+    """An interval as "lo to hi" ("-" where it is undefined: fewer than 2 samples)."""
+    return "-" if any(math.isnan(x) for x in bounds) else f"{bounds[0]:.3f} to {bounds[1]:.3f}"
+
+
+def _format_intervals(rep: dict[str, Any]) -> list[str]:
+    """The 95% intervals line, and with a second draft its figures and the paired differences."""
+    ci, k = rep["ci95"], str(len(rep["tau_chain"]))
+    lines = [f"95% intervals, resampling the {ci['samples']} samples: depth-1 {_span(ci['acceptance_depth1'])}, "
+             f"chain tau({k}) {_span(ci['tau_chain'][k])}, tree tau {_span(ci['tau_tree'])}"]
+    if "against" in rep:
+        o, d = rep["against"], rep["against"]["difference"]
+
+        def diff(e: dict[str, Any]) -> str:
+            return f"{e['difference']:+.3f} (95% {e['ci95'][0]:+.3f} to {e['ci95'][1]:+.3f})"
+        lines += [f"against {o['drafter']}: depth-1 {o['acceptance_by_depth'][0]:.3f}, chain tau({k}) "
+                  f"{o['tau_chain'][k]:.3f}, tree tau {o['tau_tree']['tau']:.3f}",
+                  f"this draft minus it, on the same samples: depth-1 {diff(d['acceptance_depth1'])}, "
+                  f"chain tau({k}) {diff(d['tau_chain'][k])}, tree tau {diff(d['tau_tree'])}"]
+    return lines
+
+
 def _format_sampled(s: dict[str, Any]) -> list[str]:
     """The sampled section (eyas.sampled) in four lines: acceptance by depth and tau per way of drafting."""
     def row(values: list[float]) -> str:
@@ -97,6 +120,11 @@ def _format_sampled(s: dict[str, Any]) -> list[str]:
                      f"tau k=1 {s['tau_chain'][mode]['1']:.3f}, k={K} {s['tau_chain'][mode][str(K)]:.3f}")
     lines.append(f"  {'tree (top-' + str(t['top_k']) + ')':<22} acceptance by depth "
                  f"{row(s['acceptance_by_depth']['tree'])}; tau depth {t['depth']} {t['tau']:.3f}")
+    ci = s["ci95"]
+    depth1, tau = ci["acceptance_depth1"], ci["tau_chain"]
+    lines.append(f"  95% intervals, resampling the {ci['samples']} samples: depth-1 {_span(depth1['chain'])} (chain), "
+                 f"{_span(depth1['greedy_draft'])} (greedy draft); tau k={K} {_span(tau['chain'])} (chain), "
+                 f"{_span(tau['greedy_draft'])} (greedy draft); tree {_span(ci['tau_tree'])}")
     return lines
 
 
@@ -110,7 +138,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    target=target_of(args, weights=True), limit=args.limit,
                    max_new_tokens=args.max_new_tokens, depth=args.depth, tree_top_k=args.tree_top_k,
                    tree_depth=args.tree_depth, layer_convention=args.layer_convention, dtype=args.dtype,
-                   device=args.device, temperature=args.temperature, progress=args.progress)
+                   device=args.device, temperature=args.temperature, against=args.against,
+                   progress=args.progress)
     if args.plot:
         plot_report(rep, args.plot)
     print(json.dumps(rep, indent=2) if args.json else format_eval(rep))

@@ -244,6 +244,9 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
                    "argmax draft, tree); --prompts are then answered sampled at it, seed 0 (default: 0, greedy only)")
     add_dtype(p, "weights and compute of target and draft",
               auto="bf16 on a GPU or a CPU with bf16 dot products (avx512_bf16, AMX), fp32 elsewhere")
+    p.add_argument("--against", metavar="DRAFTER",
+                   help="a second draft (a folder, or default: the shipped one) measured on the same samples: "
+                   "its figures, and this draft's minus its with 95%% intervals (greedy figures only)")
     p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")
     add_reading(p, progress=True)
 

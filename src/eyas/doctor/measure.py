@@ -8,20 +8,28 @@ positions and any two can be compared with `eyas.doctor.stats.paired_test`.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from eyas.acceptance import accepted_chains, chain_acceptance
 from eyas.contract import DraftContract, expected_shapes
 from eyas.doctor.capture import Capture
 from eyas.doctor.stats import DEPTH, FLOOR, Outcome, rejected
 from eyas.doctor.wiring import Wiring, stored_ids
 from eyas.drafter import Drafter, RMSNorm
 from eyas.errors import ContractError, EyasError
-from eyas.evaluate import chain_acceptance, sample_predictions, target_greedy
+from eyas.evaluate import sample_predictions, target_greedy
 from eyas.formats import Checkpoint, target_facts
 from eyas.sampled import first_answer_row
+
+# Bytes of target log-probability tables kept between wirings (`Measurer._target_log_probs`). One
+# table is [answer rows, draft vocab] fp32: 2,000 rows of a dump over a 128k vocabulary are 1 GB,
+# and the doctor may hold one per vocab map it tries. Past the budget the oldest go and are
+# recomputed when asked again (one matrix product each).
+LOG_P_BYTES = 1 << 29
 
 
 class SkipFcDrafter(Drafter):
@@ -50,7 +58,7 @@ class Measurer:
         self._recovered: Tensor | None | bool = False  # False: not computed yet
         self._drafters: dict[tuple, Drafter] = {}
         self._outcomes: dict[Wiring, Outcome] = {}
-        self._log_p: dict[tuple, tuple[Tensor, Tensor]] = {}  # see `_target_log_probs`
+        self._log_p: OrderedDict[tuple, tuple[Tensor, Tensor]] = OrderedDict()  # see `_target_log_probs`
 
     # -- the draft side --
     def drafter(self, w: Wiring, cls: type[Drafter] = Drafter) -> Drafter:
@@ -146,7 +154,7 @@ class Measurer:
         pred, truth, valid, logprob, kl = (torch.cat([p[k] for p in parts])
                                            for k in ("pred", "truth", "valid", "logprob", "kl"))
         rep = chain_acceptance(pred, truth, valid)
-        accepted = torch.cummin(((pred == truth) & valid).int(), dim=1).values.sum(1)  # [P]
+        accepted = accepted_chains(pred, truth, valid).sum(1)  # [P]
         return Outcome(pred[:, 0] == truth[:, 0], accepted, logprob, kl, rep["acceptance_by_depth"],
                        rep["tau_chain"][str(DEPTH)])
 
@@ -183,10 +191,16 @@ class Measurer:
         vocabulary: every hypothesis with the same vocab map reuses one product."""
         states = sample["last_hidden"]
         key = (id(states), first, *vocab_key)
-        if key not in self._log_p or self._log_p[key][0] is not states:  # the id of a freed tensor is reused
-            logits = states[first:].float() @ self.lm_head[ids].T  # [T - first, Vd]
-            self._log_p[key] = states, logits.log_softmax(-1)
-        return self._log_p[key][1]
+        if key in self._log_p and self._log_p[key][0] is states:  # the id of a freed tensor is reused
+            self._log_p.move_to_end(key)
+            return self._log_p[key][1]
+        table = (states[first:].float() @ self.lm_head[ids].T).log_softmax(-1)  # [T - first, Vd]
+        self._log_p.pop(key, None)
+        self._log_p[key] = states, table
+        held = sum(t.nbytes for _, t in self._log_p.values())
+        while held > LOG_P_BYTES and len(self._log_p) > 1:  # the newest stays: it is about to be used
+            held -= self._log_p.popitem(last=False)[1][1].nbytes
+        return table
 
     def recovered(self) -> Tensor | None:
         """The vocab map read off lm_head (`recover_vocab_map`), computed once, when first asked for."""

@@ -1,0 +1,141 @@
+"""The acceptance figures of teacher-forced predictions: counts per sample, ratios, and their intervals.
+
+Every figure `eyas eval` reports is a ratio of counts that add up over chain starts: accepted chains
+over chains tried at a depth, accepted tokens over chain starts, answer tokens inside the draft vocab
+over answer tokens. So each sample is reduced to its counts (`sample_counts`), the report is made
+from their sums (`figures`), and the same per-sample counts give each headline figure's 95% interval
+over resampled samples (`eyas.intervals`), alone or as the difference from a second draft measured
+on the same samples (`difference`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from eyas.intervals import RESAMPLES, ratio_intervals
+
+
+def accepted_chains(pred: Tensor, truth: Tensor, valid: Tensor) -> Tensor:
+    """[N, K] bool: every drafted token 0..j of the chain from start n was right (and known)."""
+    return torch.cummin(((pred == truth) & valid).int(), dim=1).values.bool()
+
+
+def chain_counts(pred: Tensor, truth: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """The counts behind `chain_acceptance` (additive over starts, so over samples): hit [K], the
+    starts accepted through depth j; reached [K], those accepted through j - 1 and valid at j; run
+    [K], accepted tokens within the first k over the starts valid through depth K; starts, how many
+    of those there are."""
+    K = pred.shape[1]
+    accepted = accepted_chains(pred, truth, valid)
+    reached = torch.ones_like(accepted)
+    reached[:, 1:] = accepted[:, :-1]
+    reached &= valid  # hit[j] counts accepted[:, j], which lies inside reached[:, j]
+    rows = valid[:, K - 1]
+    return {"hit": accepted.sum(0), "reached": reached.sum(0), "run": accepted[rows].sum(0).cumsum(0),
+            "starts": rows.sum()}
+
+
+def chain_acceptance(pred: Tensor, truth: Tensor, valid: Tensor) -> dict:
+    """Per-depth conditional acceptance and greedy chain tau from teacher-forced predictions.
+
+    pred/truth/valid: [N, K] (target-vocab ids; N chain starts; K depths). A chain start counts
+    for depth j only if it is valid there. accepted[n, j] = all drafted tokens 0..j were right.
+    Returns acceptance_by_depth (P(depth j right | depths < j right), depth 1 first), tau_chain
+    ({"1": .., "K": ..}: 1 + expected accepted tokens with k drafted, the bonus token included)
+    and the counts behind them.
+
+    Every tau_chain[k] is measured over ONE set of chain starts, those valid through depth K: with
+    a set per k, the starts near an answer's end (short chains, often accepted) drop out as k grows
+    and tau could fall with k, which no decoder does. Over one set, tau is non-decreasing in k.
+    """
+    return _chain_report(chain_counts(pred, truth, valid))
+
+
+def _ratio(num: float, den: float, plus: float = 0.0) -> float:
+    return plus + num / den if den else float("nan")
+
+
+def _chain_report(c: dict[str, Tensor]) -> dict:
+    hit, reached, run, n = c["hit"].tolist(), c["reached"].tolist(), c["run"].tolist(), int(c["starts"])
+    return {"acceptance_by_depth": [_ratio(h, r) for h, r in zip(hit, reached)], "depth_counts": reached,
+            "tau_chain": {str(k): _ratio(run[k - 1], n, 1.0) for k in range(1, len(run) + 1)}}
+
+
+def tree_counts(topk_ids: Tensor, truth: Tensor, valid: Tensor, depth: int) -> Tensor:
+    """[2]: the tokens a top-k tree of `depth` levels accepts along the target's greedy path, summed
+    over the starts valid through that depth, and how many those starts are (see `tree_tau`)."""
+    hit = (topk_ids[:, :depth] == truth[:, :depth, None]).any(-1) & valid[:, :depth]
+    accepted = torch.cummin(hit.int(), dim=1).values
+    rows = valid[:, depth - 1]
+    return torch.stack([accepted[rows].sum(), rows.sum()])
+
+
+def tree_tau(topk_ids: Tensor, truth: Tensor, valid: Tensor, depth: int) -> float:
+    """Tau of a top-k tree of `depth` levels, measured along the target's greedy path.
+
+    topk_ids: [N, K, k] the draft's k best target-vocab ids at each depth, teacher-forced along the
+    true path. The true token survives level j when it is among the k candidates of its parent at
+    every level up to j. This is what a full top-k tree of that depth accepts; an EAGLE-2 dynamic
+    tree with a smaller node budget accepts at most this (an upper bound for it).
+    """
+    accepted, starts = tree_counts(topk_ids, truth, valid, depth).tolist()
+    return _ratio(accepted, starts, 1.0)
+
+
+def sample_counts(part: dict[str, Tensor], tree_depth: int) -> dict[str, Tensor]:
+    """One sample's counts from `eyas.evaluate.sample_predictions`' output: `chain_counts`, the tree's
+    (`tree_counts`: tree_hit, tree_starts) and the draft vocab's (in_vocab, positions)."""
+    tree = tree_counts(part["topk"], part["truth"], part["valid"], tree_depth)
+    return {**chain_counts(part["pred"], part["truth"], part["valid"]), "tree_hit": tree[0], "tree_starts": tree[1],
+            "in_vocab": part["in_vocab"].sum(), "positions": torch.tensor(part["truth"].shape[0])}
+
+
+def stacked(counts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Per-sample counts as one [S, ...] tensor per name."""
+    return {k: torch.stack([c[k] for c in counts]) for k in counts[0]}
+
+
+def figures(counts: dict[str, Tensor], tree_top_k: int, tree_depth: int) -> dict:
+    """The report's figures from `stacked` counts: tokens, acceptance_by_depth, depth_counts,
+    tau_chain, tau_tree and coverage, and ci95, their 95% intervals over resampled samples."""
+    total = {k: v.sum(0) for k, v in counts.items()}
+    tree_hit, tree_starts = int(total["tree_hit"]), int(total["tree_starts"])
+    return {"tokens": int(total["positions"]), **_chain_report(total),
+            "tau_tree": {"top_k": tree_top_k, "depth": tree_depth, "tau": _ratio(tree_hit, tree_starts, 1.0)},
+            "coverage": _ratio(int(total["in_vocab"]), int(total["positions"])),
+            "ci95": _intervals(counts)}
+
+
+def _headline(c: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """num, den [S, 2 + K]: depth-1 acceptance, tree tau - 1 and chain tau(k) - 1 for k = 1..K."""
+    S, K = c["run"].shape
+    num = torch.cat([c["hit"][:, :1], c["tree_hit"][:, None], c["run"]], dim=1)
+    den = torch.cat([c["reached"][:, :1], c["tree_starts"][:, None], c["starts"][:, None].expand(S, K)], dim=1)
+    return num, den
+
+
+def _named(values: list) -> dict:
+    """Values in `_headline`'s order (one per figure) under the report's names."""
+    return {"acceptance_depth1": values[0], "tau_tree": values[1],
+            "tau_chain": {str(k): values[1 + k] for k in range(1, len(values) - 1)}}
+
+
+def _intervals(c: dict[str, Tensor]) -> dict:
+    bounds = ratio_intervals(*_headline(c)).tolist()
+    plus = [0.0] + [1.0] * (len(bounds) - 1)  # tau = 1 + the ratio
+    about = {"samples": c["positions"].shape[0], "resamples": RESAMPLES,
+             "method": "percentile bootstrap over whole samples"}
+    return about | _named([[p + lo, p + hi] for p, (lo, hi) in zip(plus, bounds)])
+
+
+def difference(counts: dict[str, Tensor], other: dict[str, Tensor]) -> dict:
+    """The headline figures of `counts` minus those of `other` (`stacked` counts of a second draft on
+    the same samples, in the same order), each with the 95% interval of the difference, both drafts
+    read off one set of resamples."""
+    (num, den), (num_b, den_b) = _headline(counts), _headline(other)
+    a, b = (n.sum(0).tolist() for n in (num, num_b))
+    da, db = (d.sum(0).tolist() for d in (den, den_b))
+    bounds = ratio_intervals(num, den, against=(num_b, den_b)).tolist()
+    return _named([{"difference": _ratio(x, dx) - _ratio(y, dy), "ci95": ci}
+                   for x, dx, y, dy, ci in zip(a, da, b, db, bounds)])
