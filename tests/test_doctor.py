@@ -302,6 +302,20 @@ def test_exact_sign_tests_on_paired_positions():
     assert deep["p_depth1"] == 1.0 and deep["p_chain"] == 2**-20  # norm_output-like faults show up only here
 
 
+def test_the_evidence_per_answer_counts_answers_not_positions():
+    """Three answers of 30 positions: the first two gain a little at every position, the third loses a
+    lot at a few. Over positions the gain is overwhelming; per answer it is 2 of 3, and the third
+    answer's loss shows."""
+    gain = [0.1] * 60 + [-1.0] * 3 + [0.0] * 27
+    base, alt = _outcome([0] * 90, [0] * 90), _outcome([0] * 90, [0] * 90, [-1.0 + g for g in gain])
+    base.samples = alt.samples = (30, 30, 30)
+    t = paired_test(base, alt)
+    assert t["p_logprob"] < 1e-6
+    assert t["samples_favouring"] == [2, 3] and t["p_samples"] == pytest.approx(0.5)  # P(X >= 2), X ~ Bin(3, 1/2)
+    base.samples = alt.samples = ()  # an outcome that does not say its samples: no per-answer evidence
+    assert paired_test(base, alt)["samples_favouring"] == [0, 0]
+
+
 def test_signed_rank_matches_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
     g = torch.Generator().manual_seed(0)
@@ -405,6 +419,7 @@ def test_checkpoint_fault_is_named_first(slug, healthy, states, tmp_path):
     assert first["fault"] == slug, format_report(rep)
     assert first["acceptance_after"] > first["acceptance_before"] + 0.1
     assert first["acceptance_after"] == rep["measured"]["trained_for"]["acceptance_depth1"]
+    assert f" of {len(states.samples)} answers (sign test p = " in first["evidence"], first["evidence"]
     layers = [5, 1, 3] if slug == "concat_order" else LAYERS  # fc's blocks, as injected, read [5, 1, 3]
     assert f"capture layers {layers}" in rep["trained_for"] and "rope theta 10," in rep["trained_for"], format_report(rep)
 

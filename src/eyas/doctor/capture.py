@@ -41,10 +41,15 @@ class Capture:
     seconds: float
 
     @property
+    def sample_positions(self) -> list[int]:
+        """Chain starts measured in each sample, counted as `eyas.evaluate.sample_predictions` does:
+        the draft reads x_{t+1} and its first label is x_{t+2}, both answer tokens."""
+        return [int((m[1:] & shift_left(m[1:], 1)).sum()) for m in (s["loss_mask"].bool() for s in self.samples)]
+
+    @property
     def positions(self) -> int:
-        """Chain starts measured, counted as `eyas.evaluate.sample_predictions` does: the draft reads
-        x_{t+1} and its first label is x_{t+2}, both answer tokens."""
-        return sum(int((m[1:] & shift_left(m[1:], 1)).sum()) for m in (s["loss_mask"].bool() for s in self.samples))
+        """Chain starts measured in all samples."""
+        return sum(self.sample_positions)
 
 
 def collect(target: Target | str | Path | None = None, prompts: str | Path | None = None, *,

@@ -121,11 +121,11 @@ class Measurer:
     def _measure(self, w: Wiring) -> Outcome:
         bad = [k for k in w.layers if not 0 <= k <= self.N]
         if bad:
-            return rejected(self.cap.positions, f"layers {bad} do not exist in a {self.N}-layer target")
+            return rejected(self.cap.sample_positions, f"layers {bad} do not exist in a {self.N}-layer target")
         try:
             drafter = self.drafter(w)
         except ContractError as e:  # e.g. a malformed stored d2t: engines would fail or misread it
-            return rejected(self.cap.positions, str(e))
+            return rejected(self.cap.sample_positions, str(e))
         samples = [{**s, "features": self.features(s, w)} for s in self.cap.samples]
         return self.run(drafter, samples, self.greedy)
 
@@ -140,15 +140,17 @@ class Measurer:
     def run(self, drafter: Drafter, samples: list[dict[str, Tensor]], greedy_tokens: list[Tensor]) -> Outcome:
         """Greedy chains of DEPTH draft tokens at every measured position of `samples`, and the
         continuous measures along them (`continuous`)."""
-        parts, vocab = [], self._vocab(drafter)
+        parts, sizes, vocab = [], [], self._vocab(drafter)
         with torch.inference_mode():
             for s, greedy in zip(samples, greedy_tokens, strict=True):
+                sizes.append(0)
                 if int(s["loss_mask"].sum()) >= 2:
                     measure = self.continuous(s, greedy, vocab)
                     p = sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy, measure=measure)
                     valid = p["valid"].double()  # each measure averaged over the depths whose target token is known
                     mean = ((p.pop("measured") * valid[..., None]).sum(1) / valid.sum(1)[:, None]).float()  # [N, 2]
                     parts.append(p | {"logprob": mean[:, 0], "kl": mean[:, 1]})
+                    sizes[-1] = len(mean)
         if not parts:
             raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
         pred, truth, valid, logprob, kl = (torch.cat([p[k] for p in parts])
@@ -156,7 +158,7 @@ class Measurer:
         rep = chain_acceptance(pred, truth, valid)
         accepted = accepted_chains(pred, truth, valid).sum(1)  # [P]
         return Outcome(pred[:, 0] == truth[:, 0], accepted, logprob, kl, rep["acceptance_by_depth"],
-                       rep["tau_chain"][str(DEPTH)])
+                       rep["tau_chain"][str(DEPTH)], samples=tuple(sizes))
 
     def _vocab(self, drafter: Drafter) -> tuple[Tensor, Tensor, tuple]:
         """The draft vocabulary as target ids, the draft id of every target id (-1: not drafted), and a

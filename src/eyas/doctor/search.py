@@ -33,6 +33,7 @@ def _row(rnd: int, name: str, slug: str, out: Outcome, test: dict[str, Any], tes
             "gain_logprob": rounded(test["gain_logprob"]), "p_logprob": test["p_logprob"],
             "drop_kl": rounded(test["drop_kl"]), "p_kl": test["p_kl"], "sd_logprob": rounded(test["sd_logprob"]),
             "gain_depth1": rounded(test["gain_depth1"]), "p_depth1": test["p_depth1"], "p_chain": test["p_chain"],
+            "samples_favouring": test["samples_favouring"], "p_samples": test["p_samples"],
             "loses_acceptance": loses_acceptance(test),
             "tests": tests, "significant": significant}
 

@@ -7,7 +7,8 @@ divergence of the draft's next-token distribution from the target's (Wilcoxon si
 paired per-position differences). A fault that changes the draft's distribution without flipping
 its argmax is invisible to 0/1 acceptance, and a weak draft flips few argmaxes; both measures see
 it. Acceptance and tau stay the reported effect sizes, with their exact paired tests (McNemar on
-depth-1 outcomes, a sign test on accepted chain length) beside them.
+depth-1 outcomes, a sign test on accepted chain length) beside them, and so does the evidence per
+answer (`by_sample`: positions of one answer are not independent draws, answers are).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Outcome:
     acceptance_by_depth: list[float]
     tau: float  # tau(k=DEPTH), eyas.evaluate's measuring stick
     error: str | None = None  # the wiring cannot run (e.g. a layer the target lacks): counted as all rejected
+    samples: tuple[int, ...] = ()  # positions of each sample, in order (they sum to P)
 
     @property
     def depth1(self) -> float:
@@ -68,11 +70,13 @@ class Outcome:
         return out | ({"error": self.error} if self.error else {})
 
 
-def rejected(positions: int, why: str) -> Outcome:
-    """The outcome of a wiring that cannot run: nothing accepted, the floor log-probability, and the
-    divergence of a draft that gives the target's token only the floor's probability."""
-    return Outcome(torch.zeros(positions, dtype=torch.bool), torch.zeros(positions, dtype=torch.long),
-                   torch.full((positions,), FLOOR), torch.full((positions,), -FLOOR), [0.0] * DEPTH, 1.0, why)
+def rejected(samples: list[int], why: str) -> Outcome:
+    """The outcome of a wiring that cannot run, over samples of these many positions: nothing
+    accepted, the floor log-probability, and the divergence of a draft that gives the target's
+    token only the floor's probability."""
+    P = sum(samples)
+    return Outcome(torch.zeros(P, dtype=torch.bool), torch.zeros(P, dtype=torch.long), torch.full((P,), FLOOR),
+                   torch.full((P,), -FLOOR), [0.0] * DEPTH, 1.0, why, tuple(samples))
 
 
 def _mean(x: Tensor) -> float:
@@ -149,7 +153,21 @@ def paired_test(base: Outcome, alt: Outcome) -> dict[str, Any]:
         "p_chain_worse": binomial_tail(losses, wins + losses),
         "gain_depth1": alt.depth1 - base.depth1,
         "gain_accepted": alt.mean_accepted - base.mean_accepted,
+        **by_sample(gain, base.samples),
     }
+
+
+def by_sample(gain: Tensor, samples: tuple[int, ...]) -> dict[str, Any]:
+    """How many samples (answers) gain on average, of those measured, and the exact one-sided sign
+    test over them (`p_samples`). The signed-rank tests treat positions as independent; positions of
+    one answer are not (a wiring that helps on code helps on all of a code answer), so this is the
+    evidence at the level where draws are independent, reported beside them, not deciding: a handful
+    of samples cannot reach the Bonferroni level (8 samples: p >= 1/256)."""
+    means = []
+    if samples and sum(samples) == gain.numel():  # else the outcome does not say its samples
+        means = [float(c.mean()) for c in torch.split(gain, list(samples)) if c.numel()]
+    better = sum(m > 0 for m in means)
+    return {"samples_favouring": [better, len(means)], "p_samples": binomial_tail(better, len(means))}
 
 
 def p_value(test: dict[str, Any]) -> float:
