@@ -86,21 +86,28 @@ def format_eval(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _span(bounds: list[float]) -> str:
-    """An interval as "lo to hi" ("-" where it is undefined: fewer than 2 samples)."""
-    return "-" if any(math.isnan(x) for x in bounds) else f"{bounds[0]:.3f} to {bounds[1]:.3f}"
+def _span(bounds: list[float], sign: str = "") -> str:
+    """An interval as "lo to hi" ("-" where it is undefined: fewer than 2 samples); sign "+" signs both."""
+    return "-" if any(math.isnan(x) for x in bounds) else f"{bounds[0]:{sign}.3f} to {bounds[1]:{sign}.3f}"
+
+
+def _resampling(n: int) -> str:
+    from eyas.intervals import FEW
+
+    rough = f" (under {FEW}: too narrow)" if 1 < n < FEW else ""
+    return f"95% intervals, resampling the {n} sample{'s' * (n != 1)}{rough}"
 
 
 def _format_intervals(rep: dict[str, Any]) -> list[str]:
     """The 95% intervals line, and with a second draft its figures and the paired differences."""
     ci, k = rep["ci95"], str(len(rep["tau_chain"]))
-    lines = [f"95% intervals, resampling the {ci['samples']} samples: depth-1 {_span(ci['acceptance_depth1'])}, "
+    lines = [f"{_resampling(ci['samples'])}: depth-1 {_span(ci['acceptance_depth1'])}, "
              f"chain tau({k}) {_span(ci['tau_chain'][k])}, tree tau {_span(ci['tau_tree'])}"]
     if "against" in rep:
         o, d = rep["against"], rep["against"]["difference"]
 
         def diff(e: dict[str, Any]) -> str:
-            return f"{e['difference']:+.3f} (95% {e['ci95'][0]:+.3f} to {e['ci95'][1]:+.3f})"
+            return f"{e['difference']:+.3f} (95% {_span(e['ci95'], '+')})"
         lines += [f"against {o['drafter']}: depth-1 {o['acceptance_by_depth'][0]:.3f}, chain tau({k}) "
                   f"{o['tau_chain'][k]:.3f}, tree tau {o['tau_tree']['tau']:.3f}",
                   f"this draft minus it, on the same samples: depth-1 {diff(d['acceptance_depth1'])}, "
@@ -122,7 +129,7 @@ def _format_sampled(s: dict[str, Any]) -> list[str]:
                  f"{row(s['acceptance_by_depth']['tree'])}; tau depth {t['depth']} {t['tau']:.3f}")
     ci = s["ci95"]
     depth1, tau = ci["acceptance_depth1"], ci["tau_chain"]
-    lines.append(f"  95% intervals, resampling the {ci['samples']} samples: depth-1 {_span(depth1['chain'])} (chain), "
+    lines.append(f"  {_resampling(ci['samples'])}: depth-1 {_span(depth1['chain'])} (chain), "
                  f"{_span(depth1['greedy_draft'])} (greedy draft); tau k={K} {_span(tau['chain'])} (chain), "
                  f"{_span(tau['greedy_draft'])} (greedy draft); tree {_span(ci['tau_tree'])}")
     return lines
