@@ -140,9 +140,11 @@ def test_run_bench_all_methods(saved, tmp_path):
     assert rep["shapes"]["generate"] == {"shape": {"draft_tokens": 4}, "source": "default"}
     # per-prompt ratios to hf_greedy (run back to back): hf_greedy's own are all 1
     assert rep["methods"]["hf_greedy"]["per_prompt_speedup"] == {"median": 1.0, "q25": 1.0, "q75": 1.0}
+    assert rep["methods"]["hf_greedy"]["speedup_ci95"] == pytest.approx([1.0, 1.0])
     for m in rep["methods"].values():
         p = m["per_prompt_speedup"]
         assert p["q25"] <= p["median"] <= p["q75"] and m["cpu_tokens_per_s"] > 0 and m["cpu_speedup"] > 0
+        assert 0 < m["speedup_ci95"][0] <= m["speedup_ci95"][1]
     # categories from the file; the per-category numbers pool exactly their prompts
     assert list(rep["categories"]) == ["story", "science"]
     story = rep["categories"]["story"]
@@ -431,6 +433,19 @@ def test_per_prompt_spread():
     runs = [Run([1] * 10, 1.0, None), Run([1] * 10, 2.0, None)]
     ref = [Run([1] * 10, 2.0, None), Run([1] * 10, 2.0, None)]  # ratios 2.0 and 1.0
     assert summary(runs, ref)["per_prompt_speedup"] == {"median": 1.5, "q25": 1.25, "q75": 1.75}
+
+
+def test_the_speedup_interval_resamples_prompts_for_both_methods_alike():
+    """A method exactly twice as fast on every prompt has the interval [2, 2] however long the prompts;
+    with one prompt there is none."""
+    ref = [Run([1] * n, n / 10, None) for n in (5, 40, 12, 80)]
+    twice = [Run([1] * n, n / 20, None) for n in (5, 40, 12, 80)]
+    assert summary(twice, ref)["speedup_ci95"] == pytest.approx([2.0, 2.0])
+    mixed = [Run([1] * n, n / s, None) for n, s in ((5, 30), (40, 10), (12, 20), (80, 15))]
+    lo, hi = summary(mixed, ref)["speedup_ci95"]
+    pooled = (137 / sum(n / s for n, s in ((5, 30), (40, 10), (12, 20), (80, 15)))) / 10
+    assert lo < pooled < hi
+    assert summary(twice[:1], ref[:1])["speedup_ci95"] == [None, None]
 
 
 def test_the_command_line_decodes_in_dtype_auto_by_default():

@@ -1,4 +1,4 @@
-"""How far a measured acceptance would move on other prompts: 95% intervals by resampling samples.
+"""How far a measured figure would move on other prompts: 95% intervals by resampling samples.
 
 Positions inside one answer are not independent draws: a draft that stumbles on code stumbles on
 every position of a code answer. So the unit resampled is the sample (a prompt and its answer), a
@@ -42,12 +42,14 @@ def _ratios(W: Tensor, num: Tensor, den: Tensor) -> Tensor:
     return torch.where(d > 0, n / d.clamp(min=1e-300), torch.full_like(n, float("nan")))
 
 
-def ratio_intervals(num: Tensor, den: Tensor, against: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def ratio_intervals(num: Tensor, den: Tensor, against: tuple[Tensor, Tensor] | None = None, *,
+                    relative: bool = False) -> Tensor:
     """[m, 2]: the 95% interval of each ratio sum(num[:, i]) / sum(den[:, i]) over resampled samples.
 
     num, den [S, m]: per-sample numerators and denominators. With `against` (num, den of a second
-    draft on the same S samples, in the same order) the interval is of this ratio minus that one,
-    both from the same resamples. nan where fewer than 2 samples or no resample defines the ratio.
+    draft or method on the same S samples, in the same order) the interval is of this ratio minus
+    that one (`relative`: divided by it, as a speedup), both from the same resamples. nan where
+    fewer than 2 samples or no resample defines the ratio.
     """
     S, m = num.shape
     if S < 2:
@@ -55,7 +57,8 @@ def ratio_intervals(num: Tensor, den: Tensor, against: tuple[Tensor, Tensor] | N
     W = resample_weights(S)
     r = _ratios(W, num, den)
     if against is not None:
-        r = r - _ratios(W, *against)
+        other = _ratios(W, *against)
+        r = r / other if relative else r - other
     tail = (1 - LEVEL) / 2
     q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
     return torch.nanquantile(r, q, dim=0).T  # [m, 2]

@@ -16,6 +16,7 @@ from eyas.bench.timing import METHODS
 from eyas.draft_shape import shape_label
 from eyas.dtypes import short_name
 from eyas.generate import TARGET_ALONE
+from eyas.intervals import FEW
 from eyas.machine import cpu_class, cpu_flags, cpu_model
 
 
@@ -65,14 +66,15 @@ def format_bench(report: dict) -> str:
     env, shapes = report["environment"], report["shapes"]
     label = {"eyas_chain": shape_label(shapes["eyas_chain"]), "eyas_tree": shape_label(shapes["eyas_tree"])}
     ngram = f", n-gram branch up to {report['ngram_tokens']}" if report.get("ngram_tokens") else ""
+    few = f" (under {FEW} prompts: too narrow)" if report["num_prompts"] < FEW else ""
     lines = [
         (f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
          f"eyas in {report['dtype']} ({report.get('dtype_source', 'given')}), {env['threads']} threads, "
          f"torch {env['torch']}{ngram}; target {report['target']}"),
         f"CPU: {env.get('cpu_class', '?')} ({env['cpu']}, {env['cpus']} CPUs)",
-        ("speedup: pooled tokens/s over hf_greedy's; per prompt: median [quartiles] of the prompts' ratios; "
-         "cpu: the same pooled ratio in tokens per CPU second"),
-        (f"{'method':<30} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'per prompt':>18} {'cpu':>6} {'tau':>5} "
+        (f"speedup: pooled tokens/s over hf_greedy's, and its 95% interval over resampled prompts{few}; per "
+         "prompt: median [quartiles] of the prompts' ratios; cpu: the same pooled ratio in tokens per CPU second"),
+        (f"{'method':<30} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'95%':>11} {'per prompt':>18} {'cpu':>6} {'tau':>5} "
          f"{'identical':>9}  {'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
     ]
     for name, m in report["methods"].items():
@@ -80,6 +82,8 @@ def format_bench(report: dict) -> str:
         row = f"{name + (' (' + label[name] + ')' if name in label else ''):<30} {m.get('dtype', report['dtype']):>5} "
         row += f"{_f(m['tokens_per_s'], '.1f'):>7} "
         row += f"{_f(m['speedup'], '.2f') + 'x':>8} "
+        lo, hi = m.get("speedup_ci95") or (None, None)
+        row += f"{'-' if lo is None else _f(lo, '.2f') + '-' + _f(hi, '.2f'):>11} "
         row += f"{_f(p['median'], '.2f') + ' [' + _f(p['q25'], '.2f') + '-' + _f(p['q75'], '.2f') + ']':>18} "
         row += f"{_f(m['cpu_speedup'], '.2f') + 'x':>6} "
         row += f"{_f(m['tau'], '.2f'):>5} {m['identical_prompts']:>4}/{report['num_prompts']:<4} "

@@ -16,6 +16,7 @@ lossless methods can diverge from the baseline after a near-tie.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -28,6 +29,7 @@ from eyas.data import pad_id
 from eyas.decode import generate
 from eyas.draft_shape import decode_shape
 from eyas.drafter import Drafter
+from eyas.intervals import ratio_intervals
 from eyas.target import Target
 
 METHODS = ("hf_greedy", "hf_prompt_lookup", "eyas_target", "eyas_chain", "eyas_tree")
@@ -108,6 +110,17 @@ def spread(values: list[float]) -> dict:
     return {"median": median, "q25": q25, "q75": q75}
 
 
+def speedup_interval(runs: list[Run], reference: list[Run]) -> list[float | None]:
+    """The 95% interval of the pooled speedup over `reference` (tokens/s over its tokens/s), from
+    prompts resampled for both alike (eyas.intervals); [None, None] under two prompts."""
+    def columns(rs: list[Run]) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.tensor([[float(len(r.tokens))] for r in rs], dtype=torch.float64),
+                torch.tensor([[r.seconds] for r in rs], dtype=torch.float64))
+
+    bounds = ratio_intervals(*columns(runs), against=columns(reference), relative=True)[0].tolist()
+    return [None if math.isnan(b) else b for b in bounds]
+
+
 def _rate(run: Run) -> float:
     return len(run.tokens) / run.seconds if run.seconds > 0 else 0.0
 
@@ -126,6 +139,7 @@ def summary(runs: list[Run], reference: list[Run]) -> dict:
         "new_tokens": new,
         "time_s": seconds,
         "per_prompt_speedup": spread(ratios),
+        "speedup_ci95": speedup_interval(runs, reference),
         # with one torch thread on a shared machine, CPU time is what the method costs without the
         # other processes: tokens per CPU second, and its ratio to hf_greedy's (with_speedups)
         "cpu_tokens_per_s": new / cpu if cpu > 0 else None,
