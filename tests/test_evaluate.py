@@ -223,6 +223,19 @@ def test_eval_against_refuses_bad_flags_before_loading(tiny, flags, says, capsys
     assert says in err and "Traceback" not in err
 
 
+def test_running_a_lone_config_file_is_refused_naming_it(tiny, tmp_path, capsys):
+    """inspect and check read a lone config .json; eval (and every verb that runs the draft) needs the
+    weights, and says so instead of listing every tensor the config names."""
+    folder, shards = tiny
+    assert main(["init", str(tmp_path / "d"), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    capsys.readouterr()
+    config = tmp_path / "d" / "config.json"
+    for drafts in ([str(config)], [str(tmp_path / "d"), "--against", str(config)]):
+        assert main(["eval", *drafts, "--data", str(shards), "--target", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert f"{config} is a config file: running the draft needs its weights" in err and "missing" not in err
+
+
 def test_eval_against_a_draft_reading_other_layers_is_refused(tiny, tmp_path, capsys):
     folder, shards = tiny
     for name, layers in [("a", "1,2,4"), ("b", "0,2,4")]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from eyas.drafter import Drafter
-from eyas.errors import ContractError, EyasError
+from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats import Checkpoint, read_checkpoint
 from eyas.devices import check_fits_memory
 from eyas.dtypes import short_name
@@ -68,6 +68,9 @@ def load_drafter_and_config(
     pair the draft with something else, such as data captured at other layers)."""
     ref = TargetRef.resolve(target, weights=False)
     folder = resolve_drafter(path, ref)
+    if folder.is_file():  # inspect and check read a lone config; running the draft needs its weights
+        raise FormatError(f"{folder} is a config file: running the draft needs its weights",
+                          "pass the draft's folder (the config beside its model.safetensors)")
     check_fits_memory(weight_bytes(folder, dtype), ref.device, f"draft {folder} in {short_name(dtype)}")
     ckpt = read_checkpoint(folder, layer_convention=layer_convention)
     with _naming(ckpt):
