@@ -497,10 +497,12 @@ def test_learning_curve_counts_processor_hours_of_the_training_steps(tmp_path):
     records = [{"kind": "train", "step": 1, "tokens": 3600, "tokens_per_s": 1.0, **hw},  # 1 h x 6 cores
                {"kind": "eval", "step": 1, "tau": 1.5, "accept_depth1": 0.3},
                {"kind": "train", "step": 2, "tokens": 1800, "tokens_per_s": 1.0, **hw},
-               {"kind": "eval", "step": 2, "tau": 1.7, "accept_depth1": 0.4}]
+               {"kind": "eval", "step": 2, "tau": 1.7, "accept_depth1": 0.4, "tau_ci95": [1.6, 1.8]}]
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     curve = heldout_curve(log, "run", offset=1.0)
     assert (curve.unit, curve.hours, curve.tau, curve.total_hours) == ("CPU", [7.0, 10.0], [1.5, 1.7], 10.0)
+    assert curve.tau_ci95 == [None, [1.6, 1.8]]  # the first record is from a log before the intervals
+    plot_heldout([curve], tmp_path / "with_interval.png")
     gpu = [{**r, "device": "cuda", "procs": 1} if r["kind"] == "train" else r for r in records]
     log.write_text("".join(json.dumps(r) + "\n" for r in gpu))
     assert heldout_curve(log).hours == [1.0, 1.5] and heldout_curve(log).unit == "GPU"

@@ -1,5 +1,9 @@
 """Held-out tau against training time: how much accuracy a recipe buys per processor-hour.
 
+Runs hold out different samples, so where the log has it, the curve carries tau's 95% interval over
+resampled held-out samples (`tau_ci95`, eyas.train.heldout): two runs' curves differ meaningfully
+only beyond it. Steps of one run share their held-out set, so its own points are compared as they are.
+
 A draft's quality is limited by compute, and runs differ in machines, processes and threads, so
 curves are compared against processor-hours (CPU cores x hours, or GPUs x hours), not steps. The
 time is the training steps' own wall time (each train record's tokens / tokens_per_s, measured on
@@ -9,7 +13,7 @@ records carried their hardware (`device`, `procs`, `threads`) need the CPU cores
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas.atomic import write_atomic
@@ -28,6 +32,7 @@ class Curve:
     tau: list[float]
     accept_depth1: list[float]
     total_hours: float  # the run's whole training time, evals or not
+    tau_ci95: list[list[float] | None] = field(default_factory=list)  # per eval (None: a log from before them)
 
 
 def heldout_curve(log: Path, label: str | None = None, *, cpus: int | None = None, offset: float = 0.0) -> Curve:
@@ -40,11 +45,11 @@ def heldout_curve(log: Path, label: str | None = None, *, cpus: int | None = Non
             unit, procs = _processors(r, cpus, log)
             hours += r["tokens"] / r["tokens_per_s"] * procs / 3600
         elif r["kind"] == "eval":
-            points.append((hours, r["tau"], r["accept_depth1"]))
+            points.append((hours, r["tau"], r["accept_depth1"], r.get("tau_ci95")))
     if not points:
         raise EyasError(f"{log}: no held-out eval records", "train with --eval-fraction > 0")
-    h, tau, acc = (list(x) for x in zip(*points))
-    return Curve(label or log.parent.name, unit, h, tau, acc, hours)
+    h, tau, acc, ci = (list(x) for x in zip(*points))
+    return Curve(label or log.parent.name, unit, h, tau, acc, hours, ci)
 
 
 def _processors(record: dict, cpus: int | None, log: Path) -> tuple[str, int]:
@@ -71,6 +76,10 @@ def plot_heldout(curves: list[Curve], png: Path, *, title: str = "held-out greed
     for i, c in enumerate(curves):
         color = f"C{i}"
         ax.plot(c.hours, c.tau, marker="o", ms=3, color=color, label=f"{c.label}: tau (k={EVAL_DEPTH})")
+        shown = [(h, ci) for h, ci in zip(c.hours, c.tau_ci95) if ci]
+        if shown:  # how far tau would move on another held-out set: what runs with different sets differ by
+            ax.fill_between([h for h, _ in shown], [ci[0] for _, ci in shown], [ci[1] for _, ci in shown],
+                            color=color, alpha=0.15, lw=0, label=f"{c.label}: tau's 95% interval")
         ax.plot(c.hours, [1 + a for a in c.accept_depth1], marker="x", ms=3, ls="--", color=color,
                 label=f"{c.label}: 1 + depth-1 acceptance")
     ax.set(xlabel=f"training time ({'/'.join(sorted(units))}-hours)", ylabel="tokens per target pass", title=title)
