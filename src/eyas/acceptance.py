@@ -122,6 +122,7 @@ def _named(values: list) -> dict:
 
 
 def _intervals(c: dict[str, Tensor]) -> dict:
+    """The report's ci95: the headline figures' 95% intervals, with how they were made."""
     bounds = ratio_intervals(*_headline(c)).tolist()
     plus = [0.0] + [1.0] * (len(bounds) - 1)  # tau = 1 + the ratio
     about = {"samples": c["positions"].shape[0], "resamples": RESAMPLES,
