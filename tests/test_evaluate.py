@@ -212,15 +212,11 @@ def test_eval_against_a_second_draft_reports_both_and_their_paired_difference(ti
     assert "this draft minus it, on the same samples: depth-1 +0.000 (95% +0.000 to +0.000)" in out
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["--against", "no-such-draft"], "no-such-draft does not exist (--against)"),
-    (["--against", "default", "--temperature", "0.8"], "compared on greedy figures only"),
-])
-def test_eval_against_refuses_bad_flags_before_loading(tiny, flags, says, capsys):
+def test_eval_against_a_missing_draft_is_refused_before_loading(tiny, capsys):
     folder, shards = tiny
-    assert main(["eval", "--data", str(shards), "--target", str(folder), *flags]) == 2
+    assert main(["eval", "--data", str(shards), "--target", str(folder), "--against", "no-such-draft"]) == 2
     err = capsys.readouterr().err
-    assert says in err and "Traceback" not in err
+    assert "no-such-draft does not exist (--against)" in err and "Traceback" not in err
 
 
 def test_running_a_lone_config_file_is_refused_naming_it(tiny, tmp_path, capsys):

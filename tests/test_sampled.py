@@ -166,6 +166,39 @@ def test_eval_at_a_temperature_adds_the_sampled_section_and_keeps_the_greedy_one
     assert "greedy" in s["note"] and "--temperature 0.8" in s["note"]  # the answers were captured greedily
 
 
+def test_eval_against_at_a_temperature_compares_the_sampled_figures_too(tiny, draft, tmp_path, capsys):
+    """The second draft's sampled section is the one it gets alone; the difference is the two sections'
+    figures subtracted, with its interval; a draft against itself differs by exactly 0."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from eyas.evaluate import evaluate
+
+    folder, shards = tiny
+    other = shutil.copytree(draft, tmp_path / "other")
+    tensors = load_file(other / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    save_file({k: v + 0.5 * torch.randn(v.shape, generator=g).to(v.dtype) if v.is_floating_point() else v
+               for k, v in tensors.items()}, other / "model.safetensors")
+    kw = dict(data=shards, target=folder, depth=3, tree_top_k=2, tree_depth=3, dtype="fp32", progress=False,
+              temperature=0.8)
+    both, alone = evaluate(draft, against=other, **kw), evaluate(other, **kw)
+    assert both["against"]["sampled"] | {"difference": None} == alone["sampled"] | {"difference": None}
+    d, mine, theirs = both["against"]["sampled"]["difference"], both["sampled"], alone["sampled"]
+    want = mine["acceptance_by_depth"]["chain"][0] - theirs["acceptance_by_depth"]["chain"][0]
+    assert d["acceptance_depth1"]["chain"]["difference"] == pytest.approx(want) and want != 0
+    assert d["tau_tree"]["difference"] == pytest.approx(mine["tau_tree"]["tau"] - theirs["tau_tree"]["tau"])
+    lo, hi = d["tau_chain"]["greedy_draft"]["ci95"]
+    assert lo <= hi
+    same = evaluate(draft, against=draft, **kw)["against"]["sampled"]["difference"]
+    assert same["tau_chain"]["chain"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(shards), "--target", str(folder), "--depth", "3", "--dtype",
+                 "fp32", "--no-progress", "--temperature", "0.8", "--against", str(other)]) == 0
+    assert "this draft minus the --against one, sampled: depth-1 " in capsys.readouterr().out
+
+
 def test_the_sampled_intervals_are_of_the_figures_reported():
     """Five copies of one sample: every resample gives the sample's own figures, so each interval
     shrinks to the figure it belongs to (a numerator or a depth that is not the figure's would not)."""

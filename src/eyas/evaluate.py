@@ -35,7 +35,7 @@ from eyas.devices import on_gpu
 from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
 from eyas.machine import bf16_dot_products
-from eyas.sampled import alpha_measure, answer_depths, require_last_hidden, sampled_report
+from eyas.sampled import alpha_measure, answer_depths, require_last_hidden, sampled_difference, sampled_report
 from eyas.shift import label_ids, shift_for_draft
 from eyas.target import Target, TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, judged
@@ -222,41 +222,49 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
     vocab), the counts, and ci95 (95% intervals of depth-1, chain and tree tau over resampled
     samples). With a `temperature` > 0 also `sampled`: the expected acceptance when serving samples
     at it (eyas.sampled; `answers_temperature`, what the answers were sampled at, only feeds its
-    note). `against`: a second drafter measured on the same samples (greedy figures only), reported
-    as `against` with `difference`, this draft's figures minus its, with paired intervals.
+    note). `against`: a second drafter measured on the same samples, reported as `against` with
+    `difference` (and `sampled.difference`): this draft's figures minus its, with paired intervals.
     """
     if temperature > 0 and lm_head is None:
         raise EyasError("sampled acceptance needs the target's distributions", "evaluate with the last hidden state")
-    if temperature > 0 and against is not None:
-        raise EyasError("a second draft is compared on greedy figures only", "leave out the temperature")
     tree_d = min(tree_depth, depth)
-    counts, other, sampled = [], [], []
+    drafters = [drafter] + ([against] if against is not None else [])
+    counts: list[list] = [[] for _ in drafters]
+    sampled: list[list] = [[] for _ in drafters]
     with torch.inference_mode():
         for sample in samples:
             if int(sample["loss_mask"].sum()) < 2:
                 continue
-            if temperature > 0:  # the draft's distributions: the unroll at every start (same greedy numbers)
-                measure = alpha_measure(drafter, sample, lm_head, temperature, tree_top_k)
-                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, measure=measure)
-                sampled.append((part.pop("measured"), answer_depths(sample, part.pop("rows"))))
-            else:
-                greedy = None if against is None else answer_greedy(sample, lm_head)  # once for both drafts
-                part = sample_predictions(drafter, sample, lm_head, depth, tree_top_k, greedy=greedy, prune=tree_d)
-                if against is not None:
-                    other.append(sample_counts(sample_predictions(against, sample, lm_head, depth, tree_top_k,
-                                                                  greedy=greedy, prune=tree_d), tree_d))
-            counts.append(sample_counts(part, tree_d))
+            greedy = answer_greedy(sample, lm_head) if against is not None else None  # once for both drafts
+            for d, c, s in zip(drafters, counts, sampled):
+                part = _predictions(d, sample, lm_head, depth, tree_top_k, tree_d, temperature, greedy)
+                if temperature > 0:
+                    s.append((part.pop("measured"), answer_depths(sample, part.pop("rows"))))
+                c.append(sample_counts(part, tree_d))
             if progress is not None:
                 progress(int(sample["loss_mask"].shape[0]))
-    if not counts:
+    if not counts[0]:
         raise EyasError("no answer tokens to evaluate", "capture data with responses (loss_mask) first")
-    report = figures(stacked(counts), tree_top_k, tree_d)
-    if other:
-        report["against"] = figures(stacked(other), tree_top_k, tree_d) | {
-            "difference": difference(stacked(counts), stacked(other))}
-    if sampled:
-        report["sampled"] = sampled_report(sampled, temperature, tree_top_k, tree_depth, answers_temperature)
+    reports = [figures(stacked(c), tree_top_k, tree_d) for c in counts]
+    if temperature > 0:
+        for rep, s in zip(reports, sampled):
+            rep["sampled"] = sampled_report(s, temperature, tree_top_k, tree_depth, answers_temperature)
+    report = reports[0]
+    if against is not None:
+        report["against"] = reports[1] | {"difference": difference(stacked(counts[0]), stacked(counts[1]))}
+        if temperature > 0:
+            report["against"]["sampled"]["difference"] = sampled_difference(sampled[0], sampled[1], tree_depth)
     return report
+
+
+def _predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, tree_depth: int,
+                 temperature: float, greedy: torch.Tensor | None) -> dict:
+    """`sample_predictions` for one drafter: pruned for the greedy figures, or with the draft's
+    distributions at every start (`alpha_measure`: the same greedy numbers) at a temperature."""
+    if temperature > 0:
+        measure = alpha_measure(drafter, sample, lm_head, temperature, top_k)
+        return sample_predictions(drafter, sample, lm_head, depth, top_k, greedy=greedy, measure=measure)
+    return sample_predictions(drafter, sample, lm_head, depth, top_k, greedy=greedy, prune=tree_depth)
 
 
 def evaluate(

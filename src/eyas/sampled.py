@@ -151,15 +151,40 @@ def _headline_sums(alpha: Tensor, valid: Tensor, D: int) -> tuple[Tensor, Tensor
     return torch.stack([n for n, _ in sums]), torch.stack([d for _, d in sums])
 
 
+def _sums(parts: list[tuple[Tensor, Tensor]], D: int) -> tuple[Tensor, Tensor]:
+    """num, den [S, 5]: every sample's `_headline_sums`."""
+    sums = [_headline_sums(a.cpu(), v.cpu(), D) for a, v in parts]
+    return torch.stack([n for n, _ in sums]), torch.stack([d for _, d in sums])
+
+
+def _named(values: list, K: int) -> dict:
+    """Five values in `_headline_sums`' order under the sampled section's names."""
+    return {"acceptance_depth1": {"chain": values[0], "greedy_draft": values[1]},
+            "tau_chain": {"k": K, "chain": values[2], "greedy_draft": values[3]}, "tau_tree": values[4]}
+
+
 def _intervals(parts: list[tuple[Tensor, Tensor]], D: int) -> dict:
     """ci95 of the sampled section: its headline figures' 95% intervals over resampled samples (tau
     at the largest k, as `_headline_sums`)."""
-    sums = [_headline_sums(a.cpu(), v.cpu(), D) for a, v in parts]
-    b = ratio_intervals(torch.stack([n for n, _ in sums]), torch.stack([d for _, d in sums])).tolist()
-    tau = [[1 + lo, 1 + hi] for lo, hi in b[2:]]
-    return {"samples": len(parts), "resamples": RESAMPLES,
-            "acceptance_depth1": {"chain": b[0], "greedy_draft": b[1]},
-            "tau_chain": {"k": parts[0][0].shape[1], "chain": tau[0], "greedy_draft": tau[1]}, "tau_tree": tau[2]}
+    bounds = ratio_intervals(*_sums(parts, D)).tolist()
+    plus = [0.0, 0.0, 1.0, 1.0, 1.0]  # tau = 1 + the ratio
+    return {"samples": len(parts), "resamples": RESAMPLES} | _named(
+        [[p + lo, p + hi] for p, (lo, hi) in zip(plus, bounds)], parts[0][0].shape[1])
+
+
+def sampled_difference(parts: list[tuple[Tensor, Tensor]], other: list[tuple[Tensor, Tensor]],
+                       tree_depth: int) -> dict:
+    """The sampled section's headline figures of `parts` minus those of `other` (a second draft's
+    (alpha, valid) on the same samples, in the same order), each with the 95% interval of the
+    difference from one set of resamples for both."""
+    K = parts[0][0].shape[1]
+    (num, den), (num_b, den_b) = _sums(parts, min(tree_depth, K)), _sums(other, min(tree_depth, K))
+
+    def ratio(n: Tensor, d: Tensor) -> list[float]:
+        return [x / y if y else float("nan") for x, y in zip(n.sum(0).tolist(), d.sum(0).tolist())]
+    point = [x - y for x, y in zip(ratio(num, den), ratio(num_b, den_b))]
+    bounds = ratio_intervals(num, den, against=(num_b, den_b)).tolist()
+    return _named([{"difference": d, "ci95": ci} for d, ci in zip(point, bounds)], K)
 
 
 def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_top_k: int, tree_depth: int,

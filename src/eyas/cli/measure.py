@@ -78,6 +78,8 @@ def format_eval(rep: dict[str, Any]) -> str:
                      "count only chain starts that stay on the target's greedy path (tau along a sampled path)")
     if "sampled" in rep:
         lines += _format_sampled(rep["sampled"])
+        if "against" in rep:
+            lines.append(_format_sampled_difference(rep["against"]["sampled"]["difference"]))
     lines.append(f"data: {data['format']} features, {data['path']}; {data['layers']}")
     lines.append(f"verdict: {describe(data['verdict'])}; answers: {data['answers']}")
     rate = "-" if cost["positions_per_s"] is None else f"{cost['positions_per_s']:.0f}"
@@ -98,16 +100,18 @@ def _resampling(n: int) -> str:
     return f"95% intervals, resampling the {n} sample{'s' * (n != 1)}{rough}"
 
 
+def _difference(e: dict[str, Any]) -> str:
+    """A paired difference and its interval: "+0.012 (95% +0.004 to +0.020)"."""
+    return f"{e['difference']:+.3f} (95% {_span(e['ci95'], '+')})"
+
+
 def _format_intervals(rep: dict[str, Any]) -> list[str]:
     """The 95% intervals line, and with a second draft its figures and the paired differences."""
     ci, k = rep["ci95"], str(len(rep["tau_chain"]))
     lines = [f"{_resampling(ci['samples'])}: depth-1 {_span(ci['acceptance_depth1'])}, "
              f"chain tau({k}) {_span(ci['tau_chain'][k])}, tree tau {_span(ci['tau_tree'])}"]
     if "against" in rep:
-        o, d = rep["against"], rep["against"]["difference"]
-
-        def diff(e: dict[str, Any]) -> str:
-            return f"{e['difference']:+.3f} (95% {_span(e['ci95'], '+')})"
+        o, d, diff = rep["against"], rep["against"]["difference"], _difference
         lines += [f"against {o['drafter']}: depth-1 {o['acceptance_by_depth'][0]:.3f}, chain tau({k}) "
                   f"{o['tau_chain'][k]:.3f}, tree tau {o['tau_tree']['tau']:.3f}",
                   f"this draft minus it, on the same samples: depth-1 {diff(d['acceptance_depth1'])}, "
@@ -133,6 +137,14 @@ def _format_sampled(s: dict[str, Any]) -> list[str]:
                  f"{_span(depth1['greedy_draft'])} (greedy draft); tau k={K} {_span(tau['chain'])} (chain), "
                  f"{_span(tau['greedy_draft'])} (greedy draft); tree {_span(ci['tau_tree'])}")
     return lines
+
+
+def _format_sampled_difference(d: dict[str, Any]) -> str:
+    """The sampled figures' paired differences from the --against draft, in one line."""
+    depth1, tau, diff = d["acceptance_depth1"], d["tau_chain"], _difference
+    return (f"  this draft minus the --against one, sampled: depth-1 {diff(depth1['chain'])} (chain), "
+            f"{diff(depth1['greedy_draft'])} (greedy draft); tau k={tau['k']} {diff(tau['chain'])} (chain), "
+            f"{diff(tau['greedy_draft'])} (greedy draft); tree {diff(d['tau_tree'])}")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -246,7 +246,8 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
               auto="bf16 on a GPU or a CPU with bf16 dot products (avx512_bf16, AMX), fp32 elsewhere")
     p.add_argument("--against", metavar="DRAFTER",
                    help="a second draft (a folder, or default: the shipped one) measured on the same samples: "
-                   "its figures, and this draft's minus its with 95%% intervals (greedy figures only)")
+                   "its figures, and this draft's minus its with 95%% intervals (the sampled ones too, with "
+                   "--temperature)")
     p.add_argument("--plot", metavar="PNG", help="write acceptance by depth and tau vs k as a PNG")
     add_reading(p, progress=True)
 

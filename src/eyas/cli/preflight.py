@@ -239,9 +239,6 @@ def _eval(a: argparse.Namespace) -> None:
         prompts(a.prompts, limit=a.limit)
     if a.against not in (None, "default"):
         existing(a.against, "--against")
-    if a.against is not None and a.temperature:
-        raise EyasError(f"--against with --temperature {a.temperature:g}: a second draft is compared on greedy "
-                        "figures only", "leave out --temperature, or run eyas eval once per draft")
     output_file(a.plot, "--plot")
 
 
