@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eyas.intervals import RESAMPLES, ratio_intervals
+from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
 
 
 def accepted_chains(pred: Tensor, truth: Tensor, valid: Tensor) -> Tensor:
@@ -123,20 +123,14 @@ def _named(values: list) -> dict:
 
 def _intervals(c: dict[str, Tensor]) -> dict:
     """The report's ci95: the headline figures' 95% intervals, with how they were made."""
-    bounds = ratio_intervals(*_headline(c)).tolist()
-    plus = [0.0] + [1.0] * (len(bounds) - 1)  # tau = 1 + the ratio
+    num, den = _headline(c)
     about = {"samples": c["positions"].shape[0], "resamples": RESAMPLES,
              "method": "percentile bootstrap over whole samples"}
-    return about | _named([[p + lo, p + hi] for p, (lo, hi) in zip(plus, bounds)])
+    return about | _named(shifted_intervals(num, den, [0.0] + [1.0] * (num.shape[1] - 1)))  # tau = 1 + the ratio
 
 
 def difference(counts: dict[str, Tensor], other: dict[str, Tensor]) -> dict:
     """The headline figures of `counts` minus those of `other` (`stacked` counts of a second draft on
     the same samples, in the same order), each with the 95% interval of the difference, both drafts
     read off one set of resamples."""
-    (num, den), (num_b, den_b) = _headline(counts), _headline(other)
-    a, b = (n.sum(0).tolist() for n in (num, num_b))
-    da, db = (d.sum(0).tolist() for d in (den, den_b))
-    bounds = ratio_intervals(num, den, against=(num_b, den_b)).tolist()
-    return _named([{"difference": _ratio(x, dx) - _ratio(y, dy), "ci95": ci}
-                   for x, dx, y, dy, ci in zip(a, da, b, db, bounds)])
+    return _named(paired_differences(*_headline(counts), *_headline(other)))

@@ -235,7 +235,7 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
         for sample in samples:
             if int(sample["loss_mask"].sum()) < 2:
                 continue
-            greedy = answer_greedy(sample, lm_head) if against is not None else None  # once for both drafts
+            greedy = answer_greedy(sample, lm_head)  # the target's verdict, once for every draft
             for d, c, s in zip(drafters, counts, sampled):
                 part = _predictions(d, sample, lm_head, depth, tree_top_k, tree_d, temperature, greedy)
                 if temperature > 0:
@@ -245,13 +245,14 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
                 progress(int(sample["loss_mask"].shape[0]))
     if not counts[0]:
         raise EyasError("no answer tokens to evaluate", "capture data with responses (loss_mask) first")
-    reports = [figures(stacked(c), tree_top_k, tree_d) for c in counts]
+    stacks = [stacked(c) for c in counts]
+    reports = [figures(c, tree_top_k, tree_d) for c in stacks]
     if temperature > 0:
         for rep, s in zip(reports, sampled):
             rep["sampled"] = sampled_report(s, temperature, tree_top_k, tree_depth, answers_temperature)
     report = reports[0]
     if against is not None:
-        report["against"] = reports[1] | {"difference": difference(stacked(counts[0]), stacked(counts[1]))}
+        report["against"] = reports[1] | {"difference": difference(*stacks)}
         if temperature > 0:
             report["against"]["sampled"]["difference"] = sampled_difference(sampled[0], sampled[1], tree_depth)
     return report

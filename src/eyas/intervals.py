@@ -62,3 +62,21 @@ def ratio_intervals(num: Tensor, den: Tensor, against: tuple[Tensor, Tensor] | N
     tail = (1 - LEVEL) / 2
     q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
     return torch.nanquantile(r, q, dim=0).T  # [m, 2]
+
+
+def pooled(num: Tensor, den: Tensor) -> list[float]:
+    """Each column's ratio of sums over the samples (nan where its denominator sums to 0)."""
+    return [n / d if d else float("nan") for n, d in zip(num.sum(0).tolist(), den.sum(0).tolist())]
+
+
+def shifted_intervals(num: Tensor, den: Tensor, plus: list[float]) -> list[list[float]]:
+    """`ratio_intervals` as [lo, hi] lists, column i moved by plus[i] (a tau is 1 + its ratio)."""
+    return [[p + lo, p + hi] for p, (lo, hi) in zip(plus, ratio_intervals(num, den).tolist())]
+
+
+def paired_differences(num: Tensor, den: Tensor, num_b: Tensor, den_b: Tensor) -> list[dict]:
+    """Per column: {"difference": this pooled ratio minus the other's, "ci95": its interval}, both
+    read off one set of resamples (`ratio_intervals` with `against`). The other's samples are the
+    same samples, in the same order."""
+    bounds = ratio_intervals(num, den, against=(num_b, den_b)).tolist()
+    return [{"difference": a - b, "ci95": ci} for a, b, ci in zip(pooled(num, den), pooled(num_b, den_b), bounds)]

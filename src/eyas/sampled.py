@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from eyas.errors import EyasError
-from eyas.intervals import RESAMPLES, ratio_intervals
+from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
 from eyas.shift import shift_for_draft
 
 MODES = ("chain", "greedy_draft", "tree")
@@ -166,10 +166,8 @@ def _named(values: list, K: int) -> dict:
 def _intervals(parts: list[tuple[Tensor, Tensor]], D: int) -> dict:
     """ci95 of the sampled section: its headline figures' 95% intervals over resampled samples (tau
     at the largest k, as `_headline_sums`)."""
-    bounds = ratio_intervals(*_sums(parts, D)).tolist()
-    plus = [0.0, 0.0, 1.0, 1.0, 1.0]  # tau = 1 + the ratio
-    return {"samples": len(parts), "resamples": RESAMPLES} | _named(
-        [[p + lo, p + hi] for p, (lo, hi) in zip(plus, bounds)], parts[0][0].shape[1])
+    bounds = shifted_intervals(*_sums(parts, D), [0.0, 0.0, 1.0, 1.0, 1.0])  # tau = 1 + the ratio
+    return {"samples": len(parts), "resamples": RESAMPLES} | _named(bounds, parts[0][0].shape[1])
 
 
 def sampled_difference(parts: list[tuple[Tensor, Tensor]], other: list[tuple[Tensor, Tensor]],
@@ -178,13 +176,8 @@ def sampled_difference(parts: list[tuple[Tensor, Tensor]], other: list[tuple[Ten
     (alpha, valid) on the same samples, in the same order), each with the 95% interval of the
     difference from one set of resamples for both."""
     K = parts[0][0].shape[1]
-    (num, den), (num_b, den_b) = _sums(parts, min(tree_depth, K)), _sums(other, min(tree_depth, K))
-
-    def ratio(n: Tensor, d: Tensor) -> list[float]:
-        return [x / y if y else float("nan") for x, y in zip(n.sum(0).tolist(), d.sum(0).tolist())]
-    point = [x - y for x, y in zip(ratio(num, den), ratio(num_b, den_b))]
-    bounds = ratio_intervals(num, den, against=(num_b, den_b)).tolist()
-    return _named([{"difference": d, "ci95": ci} for d, ci in zip(point, bounds)], K)
+    D = min(tree_depth, K)
+    return _named(paired_differences(*_sums(parts, D), *_sums(other, D)), K)
 
 
 def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_top_k: int, tree_depth: int,
