@@ -145,6 +145,7 @@ def test_run_bench_all_methods(saved, tmp_path):
         p = m["per_prompt_speedup"]
         assert p["q25"] <= p["median"] <= p["q75"] and m["cpu_tokens_per_s"] > 0 and m["cpu_speedup"] > 0
         assert 0 < m["speedup_ci95"][0] <= m["speedup_ci95"][1]
+        assert 0 < m["cpu_speedup_ci95"][0] <= m["cpu_speedup_ci95"][1]
     # categories from the file; the per-category numbers pool exactly their prompts
     assert list(rep["categories"]) == ["story", "science"]
     story = rep["categories"]["story"]
@@ -446,6 +447,10 @@ def test_the_speedup_interval_resamples_prompts_for_both_methods_alike():
     pooled = (137 / sum(n / s for n, s in ((5, 30), (40, 10), (12, 20), (80, 15)))) / 10
     assert lo < pooled < hi
     assert summary(twice[:1], ref[:1])["speedup_ci95"] == [None, None]
+    assert summary(twice, ref)["cpu_speedup_ci95"] == [None, None]  # no CPU time measured
+    busy = [Run([1] * n, n / 20, None, cpu_seconds=n / 30) for n in (5, 40, 12, 80)]  # 3x per CPU second
+    assert summary(busy, [Run(r.tokens, r.seconds, None, cpu_seconds=r.seconds) for r in ref]
+                   )["cpu_speedup_ci95"] == pytest.approx([3.0, 3.0])
 
 
 def test_the_command_line_decodes_in_dtype_auto_by_default():

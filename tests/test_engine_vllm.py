@@ -83,6 +83,8 @@ def test_healthy_shipped_draft_agrees(reports):
     # same sequences, same draft, fp32 on both sides: the engine's drafts are eyas's
     assert r["drafts_compared"]["first_token_same"] >= 0.95
     assert abs(r["served"]["mean_acceptance_length"] - r["predicted"]["mean_acceptance_length"]) < 0.05
+    d = r["difference"]  # present only when the engine's counters per request add up to its totals
+    assert d is not None and d["samples"] == 2 and abs(d["mean_acceptance_length"]["difference"]) < 0.05
     assert any("Using auxiliary layers from speculative config: (2, 15, 27)" in ln for ln in r["engine_log"])
 
 
@@ -115,6 +117,7 @@ def test_fault_effects(reports):
     assert not reports["a_config_json_disagrees"]["wiring"]["dump"]["matches"]
     b = reports["b_norm_before_residual_absent"]
     assert b["served"]["acceptance_by_position"][0] < b["predicted"]["acceptance_by_position"][0]
+    assert b["difference"]["mean_acceptance_length"]["ci95"][1] < 0  # lower on each prompt
     assert reports["c_no_d2t"]["served"]["mean_acceptance_length"] < 1.1
     assert [f["fault"] for f in reports["d_nested_ids_output_convention"]["doctor"]["findings"]] == ["capture_layers"]
 

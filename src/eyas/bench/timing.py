@@ -110,12 +110,19 @@ def spread(values: list[float]) -> dict:
     return {"median": median, "q25": q25, "q75": q75}
 
 
-def speedup_interval(runs: list[Run], reference: list[Run]) -> list[float | None]:
-    """The 95% interval of the pooled speedup over `reference` (tokens/s over its tokens/s), from
-    prompts resampled for both alike (eyas.intervals); [None, None] under two prompts."""
+def speedup_interval(runs: list[Run], reference: list[Run], *, cpu: bool = False) -> list[float | None]:
+    """The 95% interval of the pooled speedup over `reference` (tokens/s over its tokens/s; `cpu`:
+    tokens per CPU second), from prompts resampled for both alike (eyas.intervals); [None, None] under
+    two prompts, or with `cpu` where a run has no CPU time."""
+    def seconds(r: Run) -> float | None:
+        return r.cpu_seconds if cpu else r.seconds
+
+    if any(seconds(r) is None for r in runs + reference):
+        return [None, None]
+
     def columns(rs: list[Run]) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.tensor([[float(len(r.tokens))] for r in rs], dtype=torch.float64),
-                torch.tensor([[r.seconds] for r in rs], dtype=torch.float64))
+                torch.tensor([[seconds(r)] for r in rs], dtype=torch.float64))
 
     bounds = ratio_intervals(*columns(runs), against=columns(reference), relative=True)[0].tolist()
     return [None if math.isnan(b) else b for b in bounds]
@@ -143,6 +150,7 @@ def summary(runs: list[Run], reference: list[Run]) -> dict:
         # with one torch thread on a shared machine, CPU time is what the method costs without the
         # other processes: tokens per CPU second, and its ratio to hf_greedy's (with_speedups)
         "cpu_tokens_per_s": new / cpu if cpu > 0 else None,
+        "cpu_speedup_ci95": speedup_interval(runs, reference, cpu=True),
         "tau": None,
         "acceptance_by_depth": None,
         "time_split": None,

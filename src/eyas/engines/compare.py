@@ -2,15 +2,27 @@
 
 Acceptance (`acceptance_agreement`): per draft position i, a two-proportion z-test of the served
 rate (accepted at i / drafts) against eyas's, pooled variance, Bonferroni over the k positions at
-ALPHA overall. Served and predicted come from the SAME token sequences, so they are positively
-correlated and the independent-samples test is conservative: it calls a difference real only when
-binomial noise on that many drafts could not produce it even for two unrelated runs.
+ALPHA overall. It calls a difference real only when binomial noise on that many drafts could not
+produce it for two unrelated runs. Two things bend that reading, in opposite directions. Served and
+predicted come from the SAME token sequences and, wired alike, draft the same tokens, so their
+difference varies far less than two unrelated runs would: conservative. Drafts of one prompt are not
+independent (a draft that stumbles on code stumbles on all of a code answer), so binomial noise
+understates how much two unrelated runs on other prompts would differ: anti-conservative. The
+first dominates here: wired alike in fp32, vLLM and eyas drafted the same tokens at all 409 chain
+starts of 10 MT-bench prompts x 64 (the shipped draft), so served and predicted were equal prompt by
+prompt.
+
+The effect size (`paired_difference`) accounts for both: served minus predicted, per position and
+in mean acceptance length, with a 95% interval over resampled prompts, each prompt's served and
+predicted counts drawn together (eyas.intervals; too narrow under FEW prompts). It needs the
+engine's counters per request.
 
 Wiring (`wiring_report`) does not depend on acceptance: what the live engine built (the layers its
 target captures, the draft's norm flags, its vocab map, whose embeddings it reads) and what it fed the
 draft (the dump, matched against eyas's capture of the same tokens) are compared with the contract.
 A cheap draft hides a wrong wiring in the noise (one layer early moved the shipped draft's served
-mean acceptance length by 0.05), so any difference here is a disagreement on its own.
+mean acceptance length by -0.015 on 10 MT-bench prompts x 64, interval -0.064 to +0.029), so any
+difference here is a disagreement on its own.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import torch
 from torch import Tensor
 
 from eyas.contract import DraftContract
+from eyas.intervals import paired_differences
 
 ALPHA = 0.01  # family-wise, over the k positions
 DUMP_REL_ERROR = 0.01  # an fp32 engine feeding the contract's states matches eyas's capture to ~1e-6
@@ -52,6 +65,28 @@ def acceptance_agreement(served: dict[str, Any], predicted: dict[str, Any], alph
         z = (p1 - p2) / se if se else (0.0 if p1 == p2 else math.inf)
         tests.append({"position": i + 1, "served": p1, "predicted": p2, "z": z, "within_noise": abs(z) <= crit})
     return all(t["within_noise"] for t in tests), tests
+
+
+def paired_difference(served: list[tuple[int, list[int]]], predicted: list[tuple[int, list[int]]], k: int
+                      ) -> dict[str, Any] | None:
+    """Served minus predicted on the same prompts, from each prompt's (drafts, accepted by position):
+    {"samples", "mean_acceptance_length": {"difference", "ci95"}, "acceptance_by_position": [...],
+    "per_prompt": {"served": [mean acceptance length per prompt], "predicted": [...]}}.
+    None without at least one prompt each side drafted on."""
+    if len(served) != len(predicted) or not any(d for d, _ in served) or not any(d for d, _ in predicted):
+        return None
+
+    def columns(per: list[tuple[int, list[int]]]) -> tuple[Tensor, Tensor]:
+        acc = torch.tensor([(c + [0] * k)[:k] for _, c in per], dtype=torch.float64)  # [S, k]
+        drafts = torch.tensor([[float(d)] for d, _ in per], dtype=torch.float64)
+        return torch.cat([acc.sum(1, keepdim=True), acc], 1), drafts.expand(-1, k + 1)
+
+    def lengths(per: list[tuple[int, list[int]]]) -> list[float | None]:
+        return [1 + sum(c) / d if d else None for d, c in per]
+
+    diffs = paired_differences(*columns(served), *columns(predicted))  # 1 + a minus 1 + b is a - b
+    return {"samples": len(served), "mean_acceptance_length": diffs[0], "acceptance_by_position": diffs[1:],
+            "per_prompt": {"served": lengths(served), "predicted": lengths(predicted)}}
 
 
 def _vocab_map(engine_d2t: list[int] | None, c: DraftContract, d2t: Tensor | None) -> tuple[str, str]:

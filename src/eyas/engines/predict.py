@@ -34,6 +34,7 @@ class Prediction:
     token_mismatches: int = 0  # engine tokens eyas's target would not have chosen (fp32 rounding near ties)
     chains: list[Tensor | None] = field(default_factory=list)  # per sequence: [T-2, k] eyas's draft tokens by
     truths: list[Tensor | None] = field(default_factory=list)  # chain start, and the engine's tokens there
+    per_sequence: list[tuple[int, list[int]]] = field(default_factory=list)  # (drafts, accepted by position)
 
 
 def _extend(target, seq: list[int], n: int) -> list[int]:
@@ -71,6 +72,7 @@ def predict(drafter, target, layers: list[int], prompts: list[list[int]], output
         if not out:
             pred.chains.append(None)
             pred.truths.append(None)
+            pred.per_sequence.append((0, [0] * k))
             continue
         seq = _extend(target, prompt + out, k + 1)
         ids = torch.tensor(seq)
@@ -82,7 +84,11 @@ def predict(drafter, target, layers: list[int], prompts: list[list[int]], output
         p = sample_predictions(drafter, sample, lm_head, k, 1, greedy=engine_next)  # rows = chain starts 0..T-3
         pred.chains.append(p["pred"])
         pred.truths.append(p["truth"])
-        pred.drafts += _walk(p["pred"], p["truth"], len(prompt) - 1, len(out), k, pred.accepted_by_position)
+        counts = [0] * k
+        drafts = _walk(p["pred"], p["truth"], len(prompt) - 1, len(out), k, counts)
+        pred.per_sequence.append((drafts, counts))
+        pred.drafts += drafts
+        pred.accepted_by_position = [a + c for a, c in zip(pred.accepted_by_position, counts)]
         mine = target_greedy(sample, lm_head)[len(prompt) - 1: len(prompt) + len(out) - 1]  # eyas's choice of out
         pred.tokens_compared += len(out)
         pred.token_mismatches += int((mine != ids[len(prompt): len(prompt) + len(out)]).sum())

@@ -4,13 +4,15 @@ The engine (vLLM, in its own venv and process: `eyas.engines.launch`) generates 
 draft and reports its spec-decode counters, its wiring (from its live model objects) and what it fed
 the draft (a dump). eyas then measures the same draft on the SAME token sequences
 (`eyas.engines.predict`) and compares (`eyas.engines.compare`): acceptance within binomial noise, and
-the engine's wiring equal to the contract. When they disagree, `explanation` says why, from the
+the engine's wiring equal to the contract. Served minus predicted, prompt by prompt from the engine's
+counters per request, is reported with its paired 95% interval over resampled prompts. When they disagree, `explanation` says why, from the
 engine's own report, eyas's consumer view (`eyas.check.consumers`, which also predicts refusals) and,
 when the engine fed other states than the contract's, the doctor's dump analysis.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from collections.abc import Container
@@ -24,11 +26,12 @@ from eyas.check import check_checkpoint, consumers
 from eyas.codes import text_of
 from eyas.data import encode_prompts, read_prompts
 from eyas.drafter_loading import load_drafter, resolve_drafter
-from eyas.engines.compare import acceptance_agreement, dump_check, rates, wiring_report
+from eyas.engines.compare import acceptance_agreement, dump_check, paired_difference, rates, wiring_report
 from eyas.engines.launch import engine_python, run_vllm
 from eyas.engines.predict import compare_drafts, predict
 from eyas.contract import default_capture_layers
 from eyas.errors import EyasError
+from eyas.intervals import FEW
 from eyas.target import Target
 
 ENGINES = ("vllm",)
@@ -94,6 +97,19 @@ def _explain(report: dict[str, Any], view: dict[str, Any]) -> list[str]:
     return out
 
 
+def _per_request(run: dict[str, Any], k: int) -> list[tuple[int, list[int]]] | None:
+    """The engine's (drafts, accepted by position) per request, when they add up to its totals; None
+    when they do not (counters that lag a request) or the worker did not read them."""
+    per, total = run.get("per_request"), run["counters"]
+    if not per:
+        return None
+    rows = [(r["num_drafts"], (r["accepted_per_pos"] + [0] * k)[:k]) for r in per]
+    summed = [sum(c[i] for _, c in rows) for i in range(k)]
+    if sum(d for d, _ in rows) != total["num_drafts"] or summed != (total["accepted_per_pos"] + [0] * k)[:k]:
+        return None
+    return rows
+
+
 def _doctor(draft_dir: Path, target: Target, dump: Path, progress: bool) -> dict[str, Any]:
     """The doctor's dump analysis: which target states the engine fed, as findings with fixes."""
     from eyas.doctor import diagnose
@@ -114,7 +130,7 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
         "engine": "vllm", "engine_version": engine_version, "drafter": str(draft_dir), "target": str(target.path),
         "loaded": run["loaded"], "error": run["error"], "draft_tokens": k, "sequences": len(prompts),
         "tokens": sum(len(o) for o in run.get("outputs") or []), "served": None, "predicted": None,
-        "agree": False, "positions": [], "drafts_compared": None,
+        "agree": False, "positions": [], "difference": None, "drafts_compared": None,
         "wiring": {"agree": False, "differences": [], "engine": run.get("wiring"), "contract": None, "dump": None},
         "check": {"problems": [text_of(p) for p in rep.problems], "vllm": view},
         "consumer_view": _statements(view, run), "engine_log": run.get("log", []), "explanation": [],
@@ -141,6 +157,8 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
         report["predicted"]["token_mismatches"] = f"{pred.token_mismatches} of {pred.tokens_compared}"
         report["drafts_compared"] = compare_drafts(pred, run["drafts"], prompts, k)
         acc_ok, report["positions"] = acceptance_agreement(report["served"], report["predicted"])
+        per = _per_request(run, k)
+        report["difference"] = paired_difference(per, pred.per_sequence, k) if per else None
     except EyasError as e:
         acc_ok = False
         report["check"]["problems"].append(f"eyas cannot run the draft: {e}")
@@ -239,6 +257,16 @@ def _row(name: str, r: dict[str, Any] | None) -> str:
     return f"  {name:<18} {r['mean_acceptance_length']:.3f}   {pos}   ({r['drafts']} drafts)"
 
 
+def _difference_lines(d: dict[str, Any] | None) -> list[str]:
+    if not d:
+        return []
+    m, few = d["mean_acceptance_length"], f" (under {FEW} prompts: too narrow)" if d["samples"] < FEW else ""
+    lo, hi = m["ci95"]
+    interval = "-" if math.isnan(lo) else f"{lo:+.3f} to {hi:+.3f}"
+    return [f"  served minus predicted: {m['difference']:+.3f} ({interval}), paired 95% interval over "
+            f"resampled prompts{few}"]
+
+
 def format_serve_check(report: dict[str, Any]) -> str:
     """The report as text: served against predicted, the verdict, the wiring, and why they disagree."""
     lines = [f"serve-check: {report['drafter']} on {report['target']}, vLLM {report['engine_version']}, "
@@ -248,6 +276,7 @@ def format_serve_check(report: dict[str, Any]) -> str:
     else:
         lines += ["                     mean acc. length  acceptance by position",
                   _row("served (vLLM)", report["served"]), _row("predicted (eyas)", report["predicted"])]
+        lines += _difference_lines(report.get("difference"))
         dc = report["drafts_compared"]
         if dc and dc["drafts"]:
             lines.append(f"  the engine's drafts against eyas's at the same {dc['drafts']} chain starts: first token "

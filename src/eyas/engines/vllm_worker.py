@@ -10,7 +10,8 @@ The job: {"target": DIR, "prompts": [[token ids], ...], "max_new_tokens": N, "ma
 builds ONE `vllm.LLM` (greedy, fp32, eager, batch 1, stats on), generates every prompt one request
 at a time, and is deleted before the next run, so several drafts share one engine start-up of the
 interpreter. Per run the result holds: `loaded` and the engine's `error` text; `outputs` (token ids);
-the spec-decode counters (`vllm:spec_decode_*`, summed over the run); the engine's own log lines that
+the spec-decode counters (`vllm:spec_decode_*`, summed over the run, and `per_request`: each
+request's own, read before and after it); the engine's own log lines that
 name its wiring; `wiring`, read from the live model objects (the layers the target captures, the
 draft's norm flags, its vocab map, whether its embeddings are the target's); `drafts`, each draft
 the proposer made (its chain start and tokens); and, with `dump`, what the draft was fed for the
@@ -231,12 +232,14 @@ def serve(job: dict, run: dict) -> dict:
         if job.get("warmup") and job["prompts"]:  # untimed and uncounted: first-call costs stay out of timings
             llm.generate([{"prompt_token_ids": job["prompts"][0]}], SamplingParams(temperature=0.0, max_tokens=8,
                                                                                    detokenize=False), use_tqdm=False)
-        before, res["outputs"] = counters(llm), []
+        before, res["outputs"], res["per_request"] = counters(llm), [], []
         t1 = time.perf_counter()
         for i, ids in enumerate(job["prompts"]):
             rec.request = i
+            start = counters(llm)
             out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
             res["outputs"].append(list(out.outputs[0].token_ids))
+            res["per_request"].append(minus(counters(llm), start))
         res["seconds_generate"] = round(time.perf_counter() - t1, 2)
         res["counters"] = minus(counters(llm), before)
         res["drafts"] = rec.drafts
