@@ -9,7 +9,10 @@ of passing late. A tiny random target and a draft for it make the command lines 
 from __future__ import annotations
 
 import codecs
+import importlib
 import json
+import pkgutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,20 +39,28 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def no_loading(monkeypatch):
-    """Any load of a target or a draft fails the test."""
+    """Any load of a target or a draft fails the test. Every eyas module is imported first and the
+    loaders are replaced in each module that imported them by name: a module first imported while they
+    were replaced would otherwise keep the replacement for the rest of the session, and one imported
+    before would keep the real loader out of this guard."""
+    import eyas.drafter_loading
     import eyas.formats
     import eyas.target
 
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the input was checked")
 
+    for info in pkgutil.walk_packages(eyas.__path__, "eyas."):
+        if info.name != "eyas.__main__":  # running it would run the CLI
+            importlib.import_module(info.name)
     monkeypatch.setattr(eyas.target.Target, "load", classmethod(refuse))
     monkeypatch.setattr(eyas.target.TargetRef, "tensors", refuse)
-    monkeypatch.setattr(eyas.formats, "read_checkpoint", refuse)
-    import eyas.drafter_loading
-    for name in ("load_drafter", "load_drafter_and_config"):
-        if hasattr(eyas.drafter_loading, name):
-            monkeypatch.setattr(eyas.drafter_loading, name, refuse)
+    loaders = {getattr(eyas.drafter_loading, n) for n in ("load_drafter", "load_drafter_and_config")}
+    loaders.add(eyas.formats.read_checkpoint)
+    for module in [m for name, m in sys.modules.items() if name == "eyas" or name.startswith("eyas.")]:
+        for name, value in list(vars(module).items()):
+            if any(value is f for f in loaders):
+                monkeypatch.setattr(module, name, refuse)
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -167,6 +178,7 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["serve-check", "--limit", "0"], "--limit 0"),
     (["serve-check", "--prompts", "no-such-prompts.txt"], "no-such-prompts.txt does not exist"),
     (["serve-check", "--max-new-tokens", "1"], "--max-new-tokens 1: must be >= 2"),
+    (["serve-check", "--temperature", "-0.5"], "--temperature -0.5: must be a number >= 0"),
     (["capture", "--out", "OUT", "--limit", "-1"], "--limit -1"),
     (["capture", "--out", "OUT", "--skip", "-1"], "--skip -1"),
     (["capture", "--out", "OUT", "--max-new-tokens", "0"], "--max-new-tokens 0"),

@@ -9,9 +9,10 @@ import torch
 from test_data import save_tiny_target
 
 from eyas.drafter_loading import load_drafter
-from eyas.engines.compare import paired_difference
-from eyas.engines.predict import _walk, predict
-from eyas.engines.serve_check import _per_request, _difference_lines
+from eyas.engines.compare import paired_difference, rates, sampled_agreement, samples_test
+from eyas.engines.predict import RARE, _walk, output_fit, predict, predict_sampled
+from eyas.engines.serve_check import _difference_lines, _per_request, _steps
+from eyas.errors import EyasError
 from eyas.cli import main
 from eyas.target import Target
 
@@ -48,6 +49,15 @@ def test_per_sequence_counts_add_up_to_the_totals(tiny):
     assert [sum(c[i] for _, c in pred.per_sequence) for i in range(3)] == pred.accepted_by_position
 
 
+def test_the_steps_matched_are_the_ones_the_engine_counted():
+    """The proposal after a request's last token is recorded but never verified: dropped. Fewer recorded
+    steps than counted is refused."""
+    drafts = [[0, 5, [1, 2]], [0, 7, [3, 4]], [0, 9, [5, 6]], [1, 4, [7, 8]], [1, 6, [9, 9]]]
+    assert _steps(drafts, [(2, [1, 0]), (1, [0, 0])], 2) == [[(5, [1, 2]), (7, [3, 4])], [(4, [7, 8])]]
+    with pytest.raises(EyasError, match="more draft steps than eyas recorded for request 1"):
+        _steps(drafts, [(2, [1, 0]), (3, [0, 0])], 2)
+
+
 def _counters(per):
     return {"num_drafts": sum(d for d, _ in per), "accepted_per_pos": [sum(c[i] for _, c in per) for i in range(2)]}
 
@@ -82,3 +92,91 @@ def test_paired_difference_needs_drafts_on_both_sides_of_the_same_prompts():
     assert paired_difference([(3, [1])], [(3, [1]), (2, [0])], 1) is None
     one = paired_difference([(3, [1])], [(3, [0])], 1)  # one prompt: no interval, said as "-"
     assert "(-)" in _difference_lines(one)[0] and "too narrow" in _difference_lines(one)[0]
+
+
+# --- sampled serving: an engine simulated on the tiny target, faithful or not -------------------------
+
+T = 0.05  # the tiny random target's logits are flat (std 0.12): this gives it an entropy of about 2.1 nats
+
+
+def _p(target, ids: list[int]):
+    """softmax(logits / T) [len(ids), V] of the target over `ids`."""
+    head = target.model.get_output_embeddings()
+    with torch.inference_mode():
+        return torch.softmax(head(target.forward(torch.tensor([ids]), [], with_logits=False).last_hidden[0])
+                             .float() / T, -1)
+
+
+def _simulate(target, prompts, new_tokens, k, gen, broken=False):
+    """An engine that samples at T and drafts the target's own argmax tokens, verifying as vLLM's code
+    reads: draft token d accepted with probability p(d); on a rejection a token from p with d removed;
+    after k acceptances a bonus token from p. `broken`: the token after a rejection is uniform instead.
+    Returns outputs, steps [(start, drafts)] and per-request (drafts, accepted by position)."""
+    V = target.model.get_output_embeddings().weight.shape[0]
+    outputs, steps, per = [], [], []
+    for prompt in prompts:
+        seq, taken, counts = list(prompt), [], [0] * k
+        while len(seq) - len(prompt) < new_tokens:
+            d: list[int] = []
+            for _ in range(k):
+                d.append(int(_p(target, seq + d)[-1].argmax()))
+            p = _p(target, seq + d)  # the bonus token needs the last one too
+            taken.append((len(seq) - 2, d))
+            n = len(seq)
+            for i in range(k):
+                pi = p[n - 1 + i]
+                if torch.rand((), generator=gen) < pi[d[i]]:
+                    seq.append(d[i])
+                    counts[i] += 1
+                    continue
+                rest = pi.clone()
+                rest[d[i]] = 0
+                seq.append(int(torch.randint(V, (), generator=gen)) if broken
+                           else int(torch.multinomial(rest / rest.sum(), 1, generator=gen)))
+                break
+            else:
+                seq.append(int(torch.multinomial(p[n - 1 + k], 1, generator=gen)))
+        outputs.append(seq[len(prompt): len(prompt) + new_tokens])
+        steps.append(taken)
+        per.append((len(taken), counts))
+    return outputs, steps, per
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    target, _ = tiny
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 48, (6,), generator=gen).tolist() for _ in range(8)]
+    return target, prompts, _simulate(target, prompts, 32, 3, gen), _simulate(target, prompts, 32, 3, gen, broken=True)
+
+
+def test_a_faithful_sampling_engine_agrees_with_the_expectation_on_its_own_steps(served):
+    """The simulated engine follows the rule eyas predicts: served counts within noise of the expected
+    ones, and its tokens fit the target's distribution (|z| well inside the 1% level's 2.6)."""
+    target, prompts, (outputs, steps, per), _ = served
+    assert sum(c[1] for _, c in per) > 10  # deep enough to test the products, not only depth 1
+    sp = predict_sampled(target, prompts, outputs, steps, 3, T)
+    assert [d for d, _ in sp.per_sequence] == [d for d, _ in per]
+    counts = [sum(c[i] for _, c in per) for i in range(3)]
+    expected = [sum(e[i] for _, e in sp.per_sequence) for i in range(3)]
+    ok, tests = sampled_agreement(rates(counts, sum(d for d, _ in per)), expected, sp.variance)
+    assert ok and all(abs(t["z"]) < 4 for t in tests), tests
+    fit = samples_test(sp.tokens, sp.surprisal, sp.entropy, sp.surprisal_var, sp.rare, RARE, 48)
+    assert fit["tokens"] == 8 * 32 and abs(fit["z"]) < 4 and fit["faithful"], fit
+
+
+def test_an_engine_whose_tokens_after_a_rejection_are_wrong_is_caught(served):
+    target, prompts, _, (outputs, steps, per) = served
+    fit = output_fit(target, prompts, outputs, T)
+    t = samples_test(fit.tokens, fit.surprisal, fit.entropy, fit.surprisal_var, fit.rare, RARE, 48)
+    assert not t["faithful"] and t["z"] > 4 and t["mean_surprisal"] > t["mean_entropy"]
+
+
+def test_the_expectation_and_its_variance_on_a_known_step():
+    """One step whose k drafts each have target probability 1/2 is accepted to depth i with 2^-i."""
+    from eyas.engines.compare import sampled_agreement as agreement
+
+    ok, tests = agreement({"drafts": 4, "accepted_by_position": [2, 1]}, [2.0, 1.0], [1.0, 0.75])
+    assert ok and [t["z"] for t in tests] == [0.0, 0.0]
+    ok, tests = agreement({"drafts": 400, "accepted_by_position": [100, 0]}, [200.0, 100.0], [100.0, 75.0])
+    assert not ok and tests[0]["z"] == pytest.approx(-10.0)

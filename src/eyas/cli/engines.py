@@ -21,6 +21,6 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
     report = serve_check(drafter_of(args), engine=args.engine, target=target_of(args, weights=True),
                          prompts=args.prompts, limit=args.limit, draft_tokens=args.draft_tokens,
                          max_new_tokens=args.max_new_tokens, dump=args.dump, device=args.device,
-                         progress=args.progress)
+                         temperature=args.temperature, progress=args.progress)
     print(json.dumps(report, indent=2) if args.json else format_serve_check(report))
     return 0 if report["agree"] else 1

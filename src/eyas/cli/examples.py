@@ -46,5 +46,6 @@ EXAMPLES = {
     "serve-check": """examples:
   eyas serve-check
   eyas serve-check ./draft --target ./my-target --limit 10 --max-new-tokens 64 --json
+  eyas serve-check --temperature 0.8
   eyas serve-check ./draft --dump vllm-dump.safetensors && eyas doctor ./draft --features vllm-dump.safetensors""",
 }

@@ -305,6 +305,10 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_max_new_tokens(p, 64, "answer tokens per prompt")
     p.add_argument("--dump", metavar="PATH",
                    help="write what the engine fed the draft (eyas dump format, for `eyas doctor --features`)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="serve samples at this temperature (request i with seed i): acceptance is held against "
+                   "its expectation on the engine's own steps, and the tokens against the target's "
+                   "distribution (default: 0, greedy)")
     add_device(p, "eyas's replay of the served tokens runs on (vLLM itself runs on the CPU)")
     add_json(p)
     add_progress(p)

@@ -266,6 +266,7 @@ def _doctor(a: argparse.Namespace) -> None:
 def _serve_check(a: argparse.Namespace) -> None:
     at_least(a, 1, "limit", "draft_tokens")
     at_least(a, 2, "max_new_tokens")
+    sampling(a)
     target(a, weights=True)
     prompts(a.prompts, limit=a.limit)
     output_file(a.dump, "--dump")

@@ -3,10 +3,12 @@
 - `launch`: where the engines are installed (`bash scripts/install-engines.sh`), and `run_vllm`,
   which runs `vllm_worker.py` in the engine's own venv and process group.
 - `vllm_worker`: the script the engine's python runs (vllm, torch, safetensors only): one `vllm.LLM`
-  per draft, greedy; its counters, wiring, drafts and what it fed the draft.
-- `predict`: eyas's acceptance on the engine's own token sequences, in the engine's definition.
-- `compare`: served against predicted (a two-proportion test per position) and the engine's wiring
-  against the contract (its model objects, and the dump matched against eyas's capture).
+  per draft, greedy or sampled; its counters (per request too), wiring, drafts and what it fed the draft.
+- `predict`: eyas's acceptance on the engine's own token sequences, in the engine's definition; when
+  sampling, its expectation on the engine's own draft steps and the tokens' fit to the target.
+- `compare`: served against predicted (a test per position, and the paired difference per prompt),
+  the sampled tokens against the target's distribution, and the engine's wiring against the contract
+  (its model objects, and the dump matched against eyas's capture).
 - `serve_check`: `eyas serve-check` (`serve_check`) and its text (`format_serve_check`).
 - `llamacpp`: running llama.cpp's converter on a draft (its consumer view is eyas.check.llamacpp).
 """

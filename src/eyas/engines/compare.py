@@ -17,6 +17,11 @@ in mean acceptance length, with a 95% interval over resampled prompts, each prom
 predicted counts drawn together (eyas.intervals; too narrow under FEW prompts). It needs the
 engine's counters per request.
 
+Sampled serving (`sampled_agreement`, `samples_test`): the served count at each position against
+its expectation on the engine's own draft steps, and the engine's tokens against the target's
+distribution at the temperature (their surprisal against its entropy). A faithful speculative
+sampler passes the second whatever its draft; one that is not lossless fails it.
+
 Wiring (`wiring_report`) does not depend on acceptance: what the live engine built (the layers its
 target captures, the draft's norm flags, its vocab map, whose embeddings it reads) and what it fed the
 draft (the dump, matched against eyas's capture of the same tokens) are compared with the contract.
@@ -67,7 +72,41 @@ def acceptance_agreement(served: dict[str, Any], predicted: dict[str, Any], alph
     return all(t["within_noise"] for t in tests), tests
 
 
-def paired_difference(served: list[tuple[int, list[int]]], predicted: list[tuple[int, list[int]]], k: int
+def sampled_agreement(served: dict[str, Any], expected: list[float], variance: list[float], alpha: float = ALPHA
+                      ) -> tuple[bool, list[dict[str, Any]]]:
+    """(agree, per-position tests) for an engine that samples: the served count at position i against
+    its expectation on the engine's own steps (eyas.engines.predict.predict_sampled), z = (count -
+    expected) / sqrt(sum q(1 - q)). Each step accepts with the chance q given what came before, so
+    count - expected is a sum of martingale differences and z is close to normal; Bonferroni over k."""
+    n, c = served["drafts"], served["accepted_by_position"]
+    k = min(len(c), len(expected))
+    crit = NormalDist().inv_cdf(1 - alpha / (2 * max(k, 1)))
+    tests = []
+    for i in range(k):
+        sd, gap = math.sqrt(variance[i]), c[i] - expected[i]
+        z = gap / sd if sd else (0.0 if abs(gap) < 1e-9 else math.copysign(math.inf, gap))
+        tests.append({"position": i + 1, "served": c[i] / n, "predicted": expected[i] / n, "z": z,
+                      "within_noise": abs(z) <= crit})
+    return all(t["within_noise"] for t in tests), tests
+
+
+def samples_test(tokens: int, surprisal: float, entropy: float, variance: float, rare: int, rare_below: float,
+                 vocab: int, alpha: float = ALPHA) -> dict[str, Any]:
+    """Are the engine's output tokens samples of the target's distribution at its temperature?
+
+    Under faithful sampling each token's surprisal -log p(x) has the target's entropy at that position
+    as its mean, given the past, so (sum of surprisals - sum of entropies) / sqrt(sum of variances) is
+    close to normal: `faithful` when |z| is within the two-sided ALPHA level. `rare`: tokens the target
+    gives under `rare_below`; a faithful sampler draws each with chance at most vocab x rare_below, so
+    `rare_bound` is the most it would draw on average."""
+    z = (surprisal - entropy) / math.sqrt(variance) if variance > 0 else 0.0
+    return {"tokens": tokens, "mean_surprisal": surprisal / tokens if tokens else None,
+            "mean_entropy": entropy / tokens if tokens else None, "z": z,
+            "faithful": abs(z) <= NormalDist().inv_cdf(1 - alpha / 2),
+            "rare_tokens": rare, "rare_below": rare_below, "rare_bound": tokens * vocab * rare_below}
+
+
+def paired_difference(served: list[tuple[int, list[int]]], predicted: list[tuple[int, list[float]]], k: int
                       ) -> dict[str, Any] | None:
     """Served minus predicted on the same prompts, from each prompt's (drafts, accepted by position):
     {"samples", "mean_acceptance_length": {"difference", "ci95"}, "acceptance_by_position": [...],
@@ -76,12 +115,12 @@ def paired_difference(served: list[tuple[int, list[int]]], predicted: list[tuple
     if len(served) != len(predicted) or not any(d for d, _ in served) or not any(d for d, _ in predicted):
         return None
 
-    def columns(per: list[tuple[int, list[int]]]) -> tuple[Tensor, Tensor]:
+    def columns(per: list[tuple[int, list[float]]]) -> tuple[Tensor, Tensor]:
         acc = torch.tensor([(c + [0] * k)[:k] for _, c in per], dtype=torch.float64)  # [S, k]
         drafts = torch.tensor([[float(d)] for d, _ in per], dtype=torch.float64)
         return torch.cat([acc.sum(1, keepdim=True), acc], 1), drafts.expand(-1, k + 1)
 
-    def lengths(per: list[tuple[int, list[int]]]) -> list[float | None]:
+    def lengths(per: list[tuple[int, list[float]]]) -> list[float | None]:
         return [1 + sum(c) / d if d else None for d, c in per]
 
     diffs = paired_differences(*columns(served), *columns(predicted))  # 1 + a minus 1 + b is a - b

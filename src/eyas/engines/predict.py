@@ -16,6 +16,7 @@ cut its output at max_tokens), so each sequence is extended by k+1 greedy tokens
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -112,3 +113,91 @@ def compare_drafts(pred: Prediction, engine_drafts: list[list], prompts: list[li
         same_len += int(acc[0] == acc[1])
     return {"drafts": n, "first_token_same": same_first / n if n else None,
             "accepted_length_same": same_len / n if n else None}
+
+
+ROWS = 16  # draft steps run through the target at once (right-padded; causal attention needs no mask)
+BLOCK = 128  # output positions whose distributions are held at once (fp32 [BLOCK, V])
+RARE = 1e-7  # a token the target gives less than this is one a faithful sampler almost never draws
+
+
+@dataclass
+class SampledPrediction:
+    """What a faithful engine sampling at temperature T would accept on the engine's own draft steps,
+    and how the engine's output tokens sit in the target's distribution.
+
+    per_sequence: (drafts, expected accepted by position) per request; variance: per position, the
+    sum over steps of q(1 - q), q the chance a step accepts that far (the served count's variance).
+    surprisal / entropy / surprisal_var: sums over the output tokens of -log p(x), the target's
+    entropy at that position, and the variance of -log p under p; rare: output tokens with p < RARE."""
+
+    per_sequence: list[tuple[int, list[float]]] = field(default_factory=list)
+    variance: list[float] = field(default_factory=list)
+    tokens: int = 0
+    surprisal: float = 0.0
+    entropy: float = 0.0
+    surprisal_var: float = 0.0
+    rare: int = 0
+
+
+def _log_probs(target, rows: list[list[int]], at: list[list[int]], temperature: float) -> list[Tensor]:
+    """log_softmax(target logits / T) [len(at[i]), V] at positions at[i] of each row (one forward)."""
+    head = target.model.get_output_embeddings()
+    ids = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+    last = target.forward(ids.to(target.model.device), [], with_logits=False).last_hidden
+    return [torch.log_softmax(head(last[i, a]).float().cpu() / temperature, -1) for i, a in enumerate(at)]
+
+
+def _output_stats(pred: SampledPrediction, target, seq: list[int], prompt_len: int, temperature: float) -> None:
+    """Add the output tokens' surprisal, the target's entropy there and its variance, and rare tokens."""
+    positions = list(range(prompt_len - 1, len(seq) - 1))
+    for first in range(0, len(positions), BLOCK):
+        at = positions[first: first + BLOCK]
+        logp = _log_probs(target, [seq[: at[-1] + 1]], [at], temperature)[0]  # [n, V]
+        p = logp.exp()
+        x = torch.tensor(seq[at[0] + 1: at[-1] + 2])
+        s = -logp[torch.arange(len(at)), x]
+        h = -(p * logp).sum(-1)
+        pred.tokens += len(at)
+        pred.surprisal += float(s.sum())
+        pred.entropy += float(h.sum())
+        pred.surprisal_var += float(((p * logp.square()).sum(-1) - h.square()).clamp_min(0).sum())
+        pred.rare += int((s > -math.log(RARE)).sum())
+
+
+@torch.inference_mode()
+def predict_sampled(target, prompts: list[list[int]], outputs: list[list[int]],
+                    steps: list[list[tuple[int, list[int]]]], k: int, temperature: float) -> SampledPrediction:
+    """eyas's expectation for an engine that samples at `temperature` and drafts argmax tokens, each
+    accepted with the target's probability of it (vLLM's EAGLE proposer and rejection sampler without
+    draft probabilities, as read from vLLM 0.32's `v1/sample/rejection_sampler.py`): along each step
+    the engine took (`steps[r]`: (chain start, its k draft tokens) per counted step of request r),
+    position i is accepted with probability q_i = p(d_1) ... p(d_i), each p the target's at
+    temperature T after the tokens before it. Every step's k drafts are scored on the path they draft
+    (the prefix, then d_1 .. d_{k-1}), so no sampling outcome is needed, only the engine's steps."""
+    pred = SampledPrediction(variance=[0.0] * k)
+    for prompt, out, taken in zip(prompts, outputs, steps):
+        seq, expected = prompt + out, [0.0] * k
+        for block in range(0, len(taken), ROWS):
+            chunk = taken[block: block + ROWS]
+            rows = [seq[: s + 2] + d[: k - 1] for s, d in chunk]
+            at = [list(range(s + 1, s + 1 + k)) for s, _ in chunk]
+            for (s, d), logp in zip(chunk, _log_probs(target, rows, at, temperature)):
+                q = torch.cumsum(logp[torch.arange(k), torch.tensor(d[:k])].double(), 0).exp().tolist()
+                expected = [e + x for e, x in zip(expected, q)]
+                pred.variance = [v + x * (1 - x) for v, x in zip(pred.variance, q)]
+        pred.per_sequence.append((len(taken), expected))
+    return output_fit(target, prompts, outputs, temperature, pred)
+
+
+@torch.inference_mode()
+def output_fit(target, prompts: list[list[int]], outputs: list[list[int]], temperature: float,
+               pred: SampledPrediction | None = None) -> SampledPrediction:
+    """`pred` (or a new one) with the output tokens' fit to the target's distribution at `temperature`
+    added: what `eyas.engines.compare.samples_test` judges, for any engine run, speculative or not."""
+    pred = pred or SampledPrediction()
+    for prompt, out in zip(prompts, outputs):
+        if out:
+            _output_stats(pred, target, prompt + out, len(prompt), temperature)
+    return pred

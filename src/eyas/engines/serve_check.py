@@ -1,13 +1,16 @@
 """`eyas serve-check`: serve a draft in a real engine, and hold what it accepts against eyas's prediction.
 
-The engine (vLLM, in its own venv and process: `eyas.engines.launch`) generates greedily with the
-draft and reports its spec-decode counters, its wiring (from its live model objects) and what it fed
-the draft (a dump). eyas then measures the same draft on the SAME token sequences
-(`eyas.engines.predict`) and compares (`eyas.engines.compare`): acceptance within binomial noise, and
-the engine's wiring equal to the contract. Served minus predicted, prompt by prompt from the engine's
-counters per request, is reported with its paired 95% interval over resampled prompts. When they disagree, `explanation` says why, from the
-engine's own report, eyas's consumer view (`eyas.check.consumers`, which also predicts refusals) and,
-when the engine fed other states than the contract's, the doctor's dump analysis.
+The engine (vLLM, in its own venv and process: `eyas.engines.launch`) generates with the draft
+(greedily, or sampling at a temperature) and reports its spec-decode counters, its wiring (from its
+live model objects) and what it fed the draft (a dump). eyas then measures the same draft on the
+SAME token sequences (`eyas.engines.predict`) and compares (`eyas.engines.compare`): acceptance
+within noise, and the engine's wiring equal to the contract. Served minus predicted, prompt by
+prompt from the engine's counters per request, is reported with its paired 95% interval over
+resampled prompts. When sampling, eyas's expectation is taken on the engine's own draft steps, the
+engine's tokens are tested against the target's distribution, and the same engine without
+speculation is the control. When they disagree, `explanation` says why, from the engine's own
+report, eyas's consumer view (`eyas.check.consumers`, which also predicts refusals) and, when the
+engine fed other states than the contract's, the doctor's dump analysis.
 """
 
 from __future__ import annotations
@@ -26,15 +29,17 @@ from eyas.check import check_checkpoint, consumers
 from eyas.codes import text_of
 from eyas.data import encode_prompts, read_prompts
 from eyas.drafter_loading import load_drafter, resolve_drafter
-from eyas.engines.compare import acceptance_agreement, dump_check, paired_difference, rates, wiring_report
+from eyas.engines.compare import (acceptance_agreement, dump_check, paired_difference, rates, sampled_agreement,
+                                  samples_test, wiring_report)
 from eyas.engines.launch import engine_python, run_vllm
-from eyas.engines.predict import compare_drafts, predict
+from eyas.engines.predict import RARE, compare_drafts, output_fit, predict, predict_sampled
 from eyas.contract import default_capture_layers
 from eyas.errors import EyasError
 from eyas.intervals import FEW
 from eyas.target import Target
 
 ENGINES = ("vllm",)
+NO_SPECULATION = "no speculation"
 MAX_MODEL_LEN = 1024
 # Worker budget: start-up and load per engine, then generation (CPU, batch 1, fp32), generously.
 START_SECONDS, TOKEN_SECONDS = 240, 1.0
@@ -51,10 +56,10 @@ def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: 
     return [i for i in ids if i is not None]
 
 
-def engine_job(target: Target, prompts: list[list[int]], runs: list[dict[str, Any]], max_new_tokens: int
-               ) -> dict[str, Any]:
+def engine_job(target: Target, prompts: list[list[int]], runs: list[dict[str, Any]], max_new_tokens: int,
+               temperature: float = 0.0) -> dict[str, Any]:
     return {"target": str(target.path), "prompts": prompts, "max_new_tokens": max_new_tokens,
-            "max_model_len": MAX_MODEL_LEN, "runs": runs}
+            "max_model_len": MAX_MODEL_LEN, "temperature": temperature, "runs": runs}
 
 
 def timeout_for(runs: int, prompts: int, max_new_tokens: int) -> float:
@@ -84,6 +89,10 @@ def _explain(report: dict[str, Any], view: dict[str, Any]) -> list[str]:
         if not t["within_noise"]:
             out.append(f"acceptance at position {t['position']}: served {t['served']:.3f}, eyas predicts "
                        f"{t['predicted']:.3f} (z = {t['z']:.1f}, beyond the noise of this many drafts)")
+    t = report.get("samples")
+    if t and not t["faithful"]:
+        out.append(f"the engine's tokens are not samples of the target's distribution at temperature "
+                   f"{report['temperature']:g}: {_samples_text(t)}")
     said = [text_of(m) for m in view["mismatches"]] + [n for n in view["notes"] if "no layer ids" in n or "absent" in n]
     if said:
         out.append("eyas check predicted for vLLM: " + "; ".join(said))
@@ -110,6 +119,59 @@ def _per_request(run: dict[str, Any], k: int) -> list[tuple[int, list[int]]] | N
     return rows
 
 
+def _steps(drafts: list[list], per: list[tuple[int, list[int]]], k: int) -> list[list[tuple[int, list[int]]]]:
+    """Per request, the (chain start, draft tokens) of the steps the engine counted: its first
+    `drafts` proposals (the proposal after a request's last token is never verified)."""
+    out: list[list[tuple[int, list[int]]]] = [[] for _ in per]
+    for req, start, tokens in drafts:
+        if 0 <= req < len(per) and len(out[req]) < per[req][0]:
+            out[req].append((start, tokens))
+    short = [r for r, (n, _) in enumerate(per) if len(out[r]) < n or any(len(t) < k for _, t in out[r])]
+    if short:
+        raise EyasError(f"vLLM counted more draft steps than eyas recorded for request {short[0]} (or shorter "
+                        f"drafts than {k})", "rerun serve-check; report it with the vLLM version if it persists")
+    return out
+
+
+def _sampled(report: dict[str, Any], target: Target, prompts: list[list[int]], run: dict[str, Any], k: int,
+             temperature: float) -> bool:
+    """At temperature > 0: the served counts against eyas's expectation on the engine's own steps, and
+    the engine's tokens against the target's distribution (eyas.engines.predict.predict_sampled)."""
+    per = _per_request(run, k)
+    if per is None:
+        raise EyasError("vLLM's spec-decode counters per request do not add up to its totals, so its steps "
+                        "cannot be matched with the drafts recorded", "rerun serve-check; report it with the "
+                        "vLLM version if it persists")
+    sp = predict_sampled(target, prompts, run["outputs"], _steps(run["drafts"], per, k), k, temperature)
+    expected = [sum(e[i] for _, e in sp.per_sequence) for i in range(k)]
+    report["predicted"] = rates(expected, sum(d for d, _ in per))
+    ok, report["positions"] = sampled_agreement(report["served"], expected, sp.variance)
+    report["difference"] = paired_difference(per, sp.per_sequence, k)
+    report["samples"] = _samples(target, sp)
+    return ok and report["samples"]["faithful"]
+
+
+def _samples(target: Target, fit) -> dict[str, Any]:
+    vocab = target.model.get_output_embeddings().weight.shape[0]
+    return samples_test(fit.tokens, fit.surprisal, fit.entropy, fit.surprisal_var, fit.rare, RARE, vocab)
+
+
+def _control(target: Target, prompts: list[list[int]], run: dict[str, Any], temperature: float
+             ) -> dict[str, Any] | None:
+    """The engine's tokens without speculation, against the target's distribution (None: it failed)."""
+    if not run["loaded"] or run["error"]:
+        return None
+    return _samples(target, output_fit(target, prompts, run["outputs"], temperature))
+
+
+def _blame(control: dict[str, Any]) -> str:
+    if control["faithful"]:
+        return (f"without speculation the same engine samples the target's distribution "
+                f"({_samples_text(control)}): the fault is in its speculative sampling")
+    return ("without speculation the engine's tokens do not fit the target's distribution either: "
+            + _samples_text(control))
+
+
 def _doctor(draft_dir: Path, target: Target, dump: Path, progress: bool) -> dict[str, Any]:
     """The doctor's dump analysis: which target states the engine fed, as findings with fixes."""
     from eyas.doctor import diagnose
@@ -121,16 +183,18 @@ def _doctor(draft_dir: Path, target: Target, dump: Path, progress: bool) -> dict
 
 
 def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[str, Any], k: int, *,
-           engine_version: str, dump: Path | None, doctor: bool = True, progress: bool = True) -> dict[str, Any]:
+           engine_version: str, dump: Path | None, doctor: bool = True, progress: bool = True,
+           temperature: float = 0.0) -> dict[str, Any]:
     """Served against predicted for one engine run of `draft_dir` (see the module docstring)."""
     rep = check_checkpoint(draft_dir, target=target.path)
     ckpt = rep.checkpoint
     view = consumers(ckpt)["vllm"]
     report: dict[str, Any] = {
         "engine": "vllm", "engine_version": engine_version, "drafter": str(draft_dir), "target": str(target.path),
+        "temperature": temperature,
         "loaded": run["loaded"], "error": run["error"], "draft_tokens": k, "sequences": len(prompts),
         "tokens": sum(len(o) for o in run.get("outputs") or []), "served": None, "predicted": None,
-        "agree": False, "positions": [], "difference": None, "drafts_compared": None,
+        "agree": False, "positions": [], "difference": None, "samples": None, "control": None, "drafts_compared": None,
         "wiring": {"agree": False, "differences": [], "engine": run.get("wiring"), "contract": None, "dump": None},
         "check": {"problems": [text_of(p) for p in rep.problems], "vllm": view},
         "consumer_view": _statements(view, run), "engine_log": run.get("log", []), "explanation": [],
@@ -153,12 +217,15 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
     try:
         drafter = load_drafter(draft_dir, target=target.path, dtype=torch.float32)
         pred = predict(drafter, target, layers, prompts, run["outputs"], k)
-        report["predicted"] = rates(pred.accepted_by_position, pred.drafts)
-        report["predicted"]["token_mismatches"] = f"{pred.token_mismatches} of {pred.tokens_compared}"
         report["drafts_compared"] = compare_drafts(pred, run["drafts"], prompts, k)
-        acc_ok, report["positions"] = acceptance_agreement(report["served"], report["predicted"])
-        per = _per_request(run, k)
-        report["difference"] = paired_difference(per, pred.per_sequence, k) if per else None
+        if temperature > 0:
+            acc_ok = _sampled(report, target, prompts, run, k, temperature)
+        else:
+            report["predicted"] = rates(pred.accepted_by_position, pred.drafts)
+            report["predicted"]["token_mismatches"] = f"{pred.token_mismatches} of {pred.tokens_compared}"
+            acc_ok, report["positions"] = acceptance_agreement(report["served"], report["predicted"])
+            per = _per_request(run, k)
+            report["difference"] = paired_difference(per, pred.per_sequence, k) if per else None
     except EyasError as e:
         acc_ok = False
         report["check"]["problems"].append(f"eyas cannot run the draft: {e}")
@@ -188,12 +255,15 @@ def serve_check(
     max_new_tokens: int = 64,
     dump: str | Path | None = None,
     device: str | torch.device | None = None,
+    temperature: float = 0.0,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Serve `drafter` (None: the draft eyas ships for the target) in `engine` on `limit` prompts and
     compare its acceptance and wiring with eyas's prediction; `dump` also keeps what the engine fed
     the draft on the first prompt (eyas dump format, for `eyas doctor --features`). eyas's replay of
-    the served sequences runs the target on `device` (vLLM itself serves on the CPU).
+    the served sequences runs the target on `device` (vLLM itself serves on the CPU). `temperature` >
+    0 serves samples (request i with seed i): acceptance is then held against its expectation on the
+    engine's own draft steps, and the engine's tokens against the target's distribution.
 
     EyasError when the engine is not installed (before anything is loaded) or cannot run at all; a
     draft the engine refuses gives `loaded: false` with the engine's message.
@@ -203,6 +273,9 @@ def serve_check(
                         "llama.cpp's reading of a draft is in `eyas inspect` (its converter runs in the tests)")
     if draft_tokens < 1 or limit < 1 or max_new_tokens < 2:
         raise EyasError("--draft-tokens and --limit must be >= 1 and --max-new-tokens >= 2", "pass positive sizes")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise EyasError(f"--temperature {temperature}: must be a number >= 0",
+                        "0 serves greedily; e.g. --temperature 0.8")
     t0 = time.perf_counter()
     engine_python("vllm")  # not installed: say so before loading anything
     draft_dir = resolve_drafter(drafter, target).resolve()
@@ -213,13 +286,19 @@ def serve_check(
                         "use shorter prompts or fewer new tokens")
     with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
         dump_path = Path(tmp, "dump.safetensors")  # the worker writes here; copied atomically to `dump`
-        run = {"name": draft_dir.name, "speculative_config": vllm_spec(draft_dir, draft_tokens), "dump": str(dump_path)}
-        result = run_vllm(engine_job(tgt, ids, [run], max_new_tokens),
-                          timeout=timeout_for(1, len(ids), max_new_tokens), progress=progress)
+        spec = vllm_spec(draft_dir, draft_tokens)
+        runs = [{"name": draft_dir.name, "speculative_config": spec, "dump": str(dump_path)}]
+        if temperature > 0:  # the control: the same engine sampling without speculation
+            runs.append({"name": NO_SPECULATION, "speculative_config": None, "dump": None})
+        result = run_vllm(engine_job(tgt, ids, runs, max_new_tokens, temperature),
+                          timeout=timeout_for(len(runs), len(ids), max_new_tokens), progress=progress)
         t1 = time.perf_counter()
         taken = dump_path.is_file()
         report = assess(draft_dir, tgt, ids, result["runs"][0], draft_tokens, engine_version=result["version"],
-                        dump=dump_path if taken else None, progress=progress)
+                        dump=dump_path if taken else None, progress=progress, temperature=temperature)
+        report["control"] = _control(tgt, ids, result["runs"][1], temperature) if temperature > 0 else None
+        if report["control"] and report["samples"] and not report["samples"]["faithful"]:
+            report["explanation"].append(_blame(report["control"]))
         if dump and taken:
             write_bytes(dump, dump_path.read_bytes())
     report.update(prompts=str(prompts), max_new_tokens=max_new_tokens, dump_path=str(dump) if dump and taken else None,
@@ -257,6 +336,12 @@ def _row(name: str, r: dict[str, Any] | None) -> str:
     return f"  {name:<18} {r['mean_acceptance_length']:.3f}   {pos}   ({r['drafts']} drafts)"
 
 
+def _samples_text(t: dict[str, Any]) -> str:
+    return (f"mean surprisal {t['mean_surprisal']:.2f} nats where the target's entropy is {t['mean_entropy']:.2f} "
+            f"(z = {t['z']:.1f}); {t['rare_tokens']} of {t['tokens']} tokens have target probability under "
+            f"{t['rare_below']:g} (a faithful sampler: {t['rare_bound']:.2f} on average at most)")
+
+
 def _difference_lines(d: dict[str, Any] | None) -> list[str]:
     if not d:
         return []
@@ -269,14 +354,19 @@ def _difference_lines(d: dict[str, Any] | None) -> list[str]:
 
 def format_serve_check(report: dict[str, Any]) -> str:
     """The report as text: served against predicted, the verdict, the wiring, and why they disagree."""
+    how = f"sampled at temperature {report['temperature']:g}" if report.get("temperature") else "greedy"
     lines = [f"serve-check: {report['drafter']} on {report['target']}, vLLM {report['engine_version']}, "
-             f"k={report['draft_tokens']}, {report['sequences']} prompts, {report['tokens']} tokens generated"]
+             f"k={report['draft_tokens']}, {how}, {report['sequences']} prompts, {report['tokens']} tokens generated"]
     if not report["loaded"]:
         lines.append("loaded: no")
     else:
         lines += ["                     mean acc. length  acceptance by position",
                   _row("served (vLLM)", report["served"]), _row("predicted (eyas)", report["predicted"])]
         lines += _difference_lines(report.get("difference"))
+        if report.get("samples"):
+            lines.append(f"  the engine's tokens in the target's distribution: {_samples_text(report['samples'])}")
+        if report.get("control"):
+            lines.append(f"  the same engine without speculation: {_samples_text(report['control'])}")
         dc = report["drafts_compared"]
         if dc and dc["drafts"]:
             lines.append(f"  the engine's drafts against eyas's at the same {dc['drafts']} chain starts: first token "

@@ -6,8 +6,9 @@ Standard library, vllm, torch and safetensors only: eyas is not importable in th
 eyas never imports vllm (`eyas.engines.vllm` starts this script in its own process group).
 
 The job: {"target": DIR, "prompts": [[token ids], ...], "max_new_tokens": N, "max_model_len": N,
-"warmup": bool, "runs": [{"name": str, "speculative_config": {...} | null, "dump": PATH | null}, ...]}. Each run
-builds ONE `vllm.LLM` (greedy, fp32, eager, batch 1, stats on), generates every prompt one request
+"warmup": bool, "temperature": T (0: greedy, the default), "runs": [{"name": str, "speculative_config": {...} |
+null, "dump": PATH | null}, ...]}. Each run builds ONE `vllm.LLM` (fp32, eager, batch 1, stats on; at T > 0
+request i samples with seed i, no top-p or top-k), generates every prompt one request
 at a time, and is deleted before the next run, so several drafts share one engine start-up of the
 interpreter. Per run the result holds: `loaded` and the engine's `error` text; `outputs` (token ids);
 the spec-decode counters (`vllm:spec_decode_*`, summed over the run, and `per_request`: each
@@ -228,7 +229,7 @@ def serve(job: dict, run: dict) -> dict:
     try:
         runner = model_runner(llm)
         rec = Recorder(runner)
-        params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], detokenize=False)
+        temperature = job.get("temperature", 0.0)
         if job.get("warmup") and job["prompts"]:  # untimed and uncounted: first-call costs stay out of timings
             llm.generate([{"prompt_token_ids": job["prompts"][0]}], SamplingParams(temperature=0.0, max_tokens=8,
                                                                                    detokenize=False), use_tqdm=False)
@@ -237,6 +238,8 @@ def serve(job: dict, run: dict) -> dict:
         for i, ids in enumerate(job["prompts"]):
             rec.request = i
             start = counters(llm)
+            params = SamplingParams(temperature=temperature, max_tokens=job["max_new_tokens"], detokenize=False,
+                                    seed=i if temperature > 0 else None)  # request i samples the same on every run
             out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
             res["outputs"].append(list(out.outputs[0].token_ids))
             res["per_request"].append(minus(counters(llm), start))
