@@ -9,7 +9,7 @@ import torch
 from test_data import save_tiny_target
 
 from eyas.drafter_loading import load_drafter
-from eyas.engines.compare import paired_difference, rates, sampled_agreement, samples_test
+from eyas.engines.compare import count_tail, paired_difference, rates, sampled_agreement, samples_test
 from eyas.engines.predict import RARE, _walk, output_fit, predict, predict_sampled
 from eyas.engines.serve_check import _difference_lines, _per_request, _steps
 from eyas.errors import EyasError
@@ -159,8 +159,9 @@ def test_a_faithful_sampling_engine_agrees_with_the_expectation_on_its_own_steps
     assert [d for d, _ in sp.per_sequence] == [d for d, _ in per]
     counts = [sum(c[i] for _, c in per) for i in range(3)]
     expected = [sum(e[i] for _, e in sp.per_sequence) for i in range(3)]
-    ok, tests = sampled_agreement(rates(counts, sum(d for d, _ in per)), expected, sp.variance)
-    assert ok and all(abs(t["z"]) < 4 for t in tests), tests
+    ok, tests = sampled_agreement(rates(counts, sum(d for d, _ in per)), sp.chances)
+    assert ok and all(abs(t["z"]) < 4 and t["p"] > 1e-4 for t in tests), tests
+    assert [t["predicted"] * sum(d for d, _ in per) for t in tests] == pytest.approx(expected)
     fit = samples_test(sp.tokens, sp.surprisal, sp.entropy, sp.surprisal_var, sp.rare, RARE, 48)
     assert fit["tokens"] == 8 * 32 and abs(fit["z"]) < 4 and fit["faithful"], fit
 
@@ -172,11 +173,21 @@ def test_an_engine_whose_tokens_after_a_rejection_are_wrong_is_caught(served):
     assert not t["faithful"] and t["z"] > 4 and t["mean_surprisal"] > t["mean_entropy"]
 
 
-def test_the_expectation_and_its_variance_on_a_known_step():
-    """One step whose k drafts each have target probability 1/2 is accepted to depth i with 2^-i."""
-    from eyas.engines.compare import sampled_agreement as agreement
+def test_the_served_count_is_judged_by_its_exact_distribution():
+    """Steps with known chances: the count's exact tail decides, not the normal approximation, which
+    overstates the upper tail where few acceptances are expected."""
+    ok, tests = sampled_agreement({"drafts": 4, "accepted_by_position": [2, 1]}, [[0.5] * 4, [0.25] * 4])
+    assert ok and [t["z"] for t in tests] == [0.0, 0.0] and [t["p"] for t in tests] == [1.0, 1.0]
+    ok, tests = sampled_agreement({"drafts": 400, "accepted_by_position": [100]}, [[0.5] * 400])
+    assert not ok and tests[0]["z"] == pytest.approx(-10.0) and tests[0]["p"] < 1e-20
+    ok, tests = sampled_agreement({"drafts": 10, "accepted_by_position": [2]}, [[0.03] * 10])
+    assert tests[0]["z"] > 3 and ok  # normal: p 0.0016; exact: 2 x P(X >= 2) = 0.069
 
-    ok, tests = agreement({"drafts": 4, "accepted_by_position": [2, 1]}, [2.0, 1.0], [1.0, 0.75])
-    assert ok and [t["z"] for t in tests] == [0.0, 0.0]
-    ok, tests = agreement({"drafts": 400, "accepted_by_position": [100, 0]}, [200.0, 100.0], [100.0, 75.0])
-    assert not ok and tests[0]["z"] == pytest.approx(-10.0)
+
+def test_the_exact_tail_is_the_binomial_one_for_equal_chances():
+    from scipy.stats import binom
+
+    for n, q, c in ((20, 0.3, 2), (20, 0.3, 11), (50, 0.05, 0), (7, 0.9, 7)):
+        want = min(1.0, 2 * min(binom.cdf(c, n, q), binom.sf(c - 1, n, q)))
+        assert count_tail([q] * n, c) == pytest.approx(want, rel=1e-9)
+    assert count_tail([0.5] * 3, 4) == 0.0  # more than there were trials

@@ -72,21 +72,35 @@ def acceptance_agreement(served: dict[str, Any], predicted: dict[str, Any], alph
     return all(t["within_noise"] for t in tests), tests
 
 
-def sampled_agreement(served: dict[str, Any], expected: list[float], variance: list[float], alpha: float = ALPHA
+def count_tail(chances: list[float], count: int) -> float:
+    """Two-sided p of `count` successes among independent trials with these chances: 2 x the smaller
+    tail of the exact distribution (Poisson-binomial, by convolution), at most 1."""
+    dist = torch.ones(1, dtype=torch.float64)
+    for q in chances:
+        dist = torch.cat([dist * (1 - q), dist.new_zeros(1)]) + torch.cat([dist.new_zeros(1), dist * q])
+    if not 0 <= count < dist.numel():
+        return 0.0
+    return min(1.0, 2 * min(float(dist[: count + 1].sum()), float(dist[count:].sum())))
+
+
+def sampled_agreement(served: dict[str, Any], chances: list[list[float]], alpha: float = ALPHA
                       ) -> tuple[bool, list[dict[str, Any]]]:
     """(agree, per-position tests) for an engine that samples: the served count at position i against
-    its expectation on the engine's own steps (eyas.engines.predict.predict_sampled), z = (count -
-    expected) / sqrt(sum q(1 - q)). Each step accepts with the chance q given what came before, so
-    count - expected is a sum of martingale differences and z is close to normal; Bonferroni over k."""
+    its chances on the engine's own steps (`chances[i]`: each step's chance of accepting that far,
+    eyas.engines.predict.predict_sampled). Each step accepts with its chance given what came before,
+    so the count is distributed as a sum of independent trials with those chances: decided by its
+    exact two-sided tail (`p`, Bonferroni over k), with z = (count - expected) / sqrt(sum q(1 - q))
+    reported beside it (the normal approximation overstates the upper tail where few are expected)."""
     n, c = served["drafts"], served["accepted_by_position"]
-    k = min(len(c), len(expected))
-    crit = NormalDist().inv_cdf(1 - alpha / (2 * max(k, 1)))
+    k = min(len(c), len(chances))
     tests = []
     for i in range(k):
-        sd, gap = math.sqrt(variance[i]), c[i] - expected[i]
-        z = gap / sd if sd else (0.0 if abs(gap) < 1e-9 else math.copysign(math.inf, gap))
-        tests.append({"position": i + 1, "served": c[i] / n, "predicted": expected[i] / n, "z": z,
-                      "within_noise": abs(z) <= crit})
+        expected, variance = sum(chances[i]), sum(q * (1 - q) for q in chances[i])
+        gap = c[i] - expected
+        z = gap / math.sqrt(variance) if variance else (0.0 if abs(gap) < 1e-9 else math.copysign(math.inf, gap))
+        p = count_tail(chances[i], c[i])
+        tests.append({"position": i + 1, "served": c[i] / n, "predicted": expected / n, "z": z, "p": p,
+                      "within_noise": p > alpha / max(k, 1)})
     return all(t["within_noise"] for t in tests), tests
 
 

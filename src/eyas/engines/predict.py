@@ -125,13 +125,13 @@ class SampledPrediction:
     """What a faithful engine sampling at temperature T would accept on the engine's own draft steps,
     and how the engine's output tokens sit in the target's distribution.
 
-    per_sequence: (drafts, expected accepted by position) per request; variance: per position, the
-    sum over steps of q(1 - q), q the chance a step accepts that far (the served count's variance).
+    per_sequence: (drafts, expected accepted by position) per request; chances: per position, every
+    step's chance q of accepting that far (the served count is a sum of trials with these chances).
     surprisal / entropy / surprisal_var: sums over the output tokens of -log p(x), the target's
     entropy at that position, and the variance of -log p under p; rare: output tokens with p < RARE."""
 
     per_sequence: list[tuple[int, list[float]]] = field(default_factory=list)
-    variance: list[float] = field(default_factory=list)
+    chances: list[list[float]] = field(default_factory=list)
     tokens: int = 0
     surprisal: float = 0.0
     entropy: float = 0.0
@@ -176,7 +176,7 @@ def predict_sampled(target, prompts: list[list[int]], outputs: list[list[int]],
     position i is accepted with probability q_i = p(d_1) ... p(d_i), each p the target's at
     temperature T after the tokens before it. Every step's k drafts are scored on the path they draft
     (the prefix, then d_1 .. d_{k-1}), so no sampling outcome is needed, only the engine's steps."""
-    pred = SampledPrediction(variance=[0.0] * k)
+    pred = SampledPrediction(chances=[[] for _ in range(k)])
     for prompt, out, taken in zip(prompts, outputs, steps):
         seq, expected = prompt + out, [0.0] * k
         for block in range(0, len(taken), ROWS):
@@ -186,7 +186,8 @@ def predict_sampled(target, prompts: list[list[int]], outputs: list[list[int]],
             for (s, d), logp in zip(chunk, _log_probs(target, rows, at, temperature)):
                 q = torch.cumsum(logp[torch.arange(k), torch.tensor(d[:k])].double(), 0).exp().tolist()
                 expected = [e + x for e, x in zip(expected, q)]
-                pred.variance = [v + x * (1 - x) for v, x in zip(pred.variance, q)]
+                for i, x in enumerate(q):
+                    pred.chances[i].append(x)
         pred.per_sequence.append((len(taken), expected))
     return output_fit(target, prompts, outputs, temperature, pred)
 

@@ -87,8 +87,9 @@ def _explain(report: dict[str, Any], view: dict[str, Any]) -> list[str]:
     out = [f"wiring: {d}" for d in report["wiring"]["differences"]]
     for t in report["positions"]:
         if not t["within_noise"]:
+            p = f", p = {t['p']:.1g}" if "p" in t else ""
             out.append(f"acceptance at position {t['position']}: served {t['served']:.3f}, eyas predicts "
-                       f"{t['predicted']:.3f} (z = {t['z']:.1f}, beyond the noise of this many drafts)")
+                       f"{t['predicted']:.3f} (z = {t['z']:.1f}{p}, beyond the noise of this many drafts)")
     t = report.get("samples")
     if t and not t["faithful"]:
         out.append(f"the engine's tokens are not samples of the target's distribution at temperature "
@@ -145,7 +146,7 @@ def _sampled(report: dict[str, Any], target: Target, prompts: list[list[int]], r
     sp = predict_sampled(target, prompts, run["outputs"], _steps(run["drafts"], per, k), k, temperature)
     expected = [sum(e[i] for _, e in sp.per_sequence) for i in range(k)]
     report["predicted"] = rates(expected, sum(d for d, _ in per))
-    ok, report["positions"] = sampled_agreement(report["served"], expected, sp.variance)
+    ok, report["positions"] = sampled_agreement(report["served"], sp.chances)
     report["difference"] = paired_difference(per, sp.per_sequence, k)
     report["samples"] = _samples(target, sp)
     return ok and report["samples"]["faithful"]
