@@ -10,7 +10,7 @@ from test_data import save_tiny_target
 
 from eyas.drafter_loading import load_drafter
 from eyas.engines.compare import count_tail, paired_difference, rates, sampled_agreement, samples_test
-from eyas.engines.predict import RARE, _walk, output_fit, predict, predict_sampled
+from eyas.engines.predict import _walk, output_fit, predict, predict_sampled
 from eyas.engines.serve_check import _difference_lines, _per_request, _steps
 from eyas.errors import EyasError
 from eyas.cli import main
@@ -162,14 +162,14 @@ def test_a_faithful_sampling_engine_agrees_with_the_expectation_on_its_own_steps
     ok, tests = sampled_agreement(rates(counts, sum(d for d, _ in per)), sp.chances)
     assert ok and all(abs(t["z"]) < 4 and t["p"] > 1e-4 for t in tests), tests
     assert [t["predicted"] * sum(d for d, _ in per) for t in tests] == pytest.approx(expected)
-    fit = samples_test(sp.tokens, sp.surprisal, sp.entropy, sp.surprisal_var, sp.rare, RARE, 48)
+    fit = samples_test(sp, 48)
     assert fit["tokens"] == 8 * 32 and abs(fit["z"]) < 4 and fit["faithful"], fit
 
 
 def test_an_engine_whose_tokens_after_a_rejection_are_wrong_is_caught(served):
     target, prompts, _, (outputs, steps, per) = served
     fit = output_fit(target, prompts, outputs, T)
-    t = samples_test(fit.tokens, fit.surprisal, fit.entropy, fit.surprisal_var, fit.rare, RARE, 48)
+    t = samples_test(fit, 48)
     assert not t["faithful"] and t["z"] > 4 and t["mean_surprisal"] > t["mean_entropy"]
 
 

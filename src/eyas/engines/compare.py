@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from eyas.contract import DraftContract
+from eyas.engines.predict import RARE, SampledPrediction
 from eyas.intervals import paired_differences
 
 ALPHA = 0.01  # family-wise, over the k positions
@@ -104,20 +105,21 @@ def sampled_agreement(served: dict[str, Any], chances: list[list[float]], alpha:
     return all(t["within_noise"] for t in tests), tests
 
 
-def samples_test(tokens: int, surprisal: float, entropy: float, variance: float, rare: int, rare_below: float,
-                 vocab: int, alpha: float = ALPHA) -> dict[str, Any]:
-    """Are the engine's output tokens samples of the target's distribution at its temperature?
+def samples_test(fit: SampledPrediction, vocab: int, alpha: float = ALPHA) -> dict[str, Any]:
+    """Are the engine's output tokens samples of the target's distribution at its temperature? (`fit`:
+    eyas.engines.predict.output_fit on them.)
 
     Under faithful sampling each token's surprisal -log p(x) has the target's entropy at that position
     as its mean, given the past, so (sum of surprisals - sum of entropies) / sqrt(sum of variances) is
-    close to normal: `faithful` when |z| is within the two-sided ALPHA level. `rare`: tokens the target
-    gives under `rare_below`; a faithful sampler draws each with chance at most vocab x rare_below, so
+    close to normal: `faithful` when |z| is within the two-sided ALPHA level. `rare_tokens`: tokens the
+    target gives under RARE; a faithful sampler draws each with chance at most vocab x RARE, so
     `rare_bound` is the most it would draw on average."""
-    z = (surprisal - entropy) / math.sqrt(variance) if variance > 0 else 0.0
-    return {"tokens": tokens, "mean_surprisal": surprisal / tokens if tokens else None,
-            "mean_entropy": entropy / tokens if tokens else None, "z": z,
+    n = fit.tokens
+    z = (fit.surprisal - fit.entropy) / math.sqrt(fit.surprisal_var) if fit.surprisal_var > 0 else 0.0
+    return {"tokens": n, "mean_surprisal": fit.surprisal / n if n else None,
+            "mean_entropy": fit.entropy / n if n else None, "z": z,
             "faithful": abs(z) <= NormalDist().inv_cdf(1 - alpha / 2),
-            "rare_tokens": rare, "rare_below": rare_below, "rare_bound": tokens * vocab * rare_below}
+            "rare_tokens": fit.rare, "rare_below": RARE, "rare_bound": n * vocab * RARE}
 
 
 def paired_difference(served: list[tuple[int, list[int]]], predicted: list[tuple[int, list[float]]], k: int

@@ -139,22 +139,27 @@ class SampledPrediction:
     rare: int = 0
 
 
-def _log_probs(target, rows: list[list[int]], at: list[list[int]], temperature: float) -> list[Tensor]:
-    """log_softmax(target logits / T) [len(at[i]), V] at positions at[i] of each row (one forward)."""
-    head = target.model.get_output_embeddings()
+def _last_hidden(target, rows: list[list[int]]) -> Tensor:
+    """The target's final-normed states [len(rows), longest, H] over the rows (one forward)."""
     ids = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)
-    last = target.forward(ids.to(target.model.device), [], with_logits=False).last_hidden
-    return [torch.log_softmax(head(last[i, a]).float().cpu() / temperature, -1) for i, a in enumerate(at)]
+    return target.forward(ids.to(target.model.device), [], with_logits=False).last_hidden
+
+
+def _log_probs(target, states: Tensor, temperature: float) -> Tensor:
+    """log_softmax(target logits / T) [n, V] in fp32 on the CPU, from final-normed states [n, H]."""
+    return torch.log_softmax(target.model.get_output_embeddings()(states).float().cpu() / temperature, -1)
 
 
 def _output_stats(pred: SampledPrediction, target, seq: list[int], prompt_len: int, temperature: float) -> None:
-    """Add the output tokens' surprisal, the target's entropy there and its variance, and rare tokens."""
+    """Add the output tokens' surprisal, the target's entropy there and its variance, and rare tokens:
+    one forward over the sequence, the [n, V] distributions BLOCK positions at a time."""
     positions = list(range(prompt_len - 1, len(seq) - 1))
+    last = _last_hidden(target, [seq[:-1]])[0]
     for first in range(0, len(positions), BLOCK):
         at = positions[first: first + BLOCK]
-        logp = _log_probs(target, [seq[: at[-1] + 1]], [at], temperature)[0]  # [n, V]
+        logp = _log_probs(target, last[at], temperature)  # [n, V]
         p = logp.exp()
         x = torch.tensor(seq[at[0] + 1: at[-1] + 2])
         s = -logp[torch.arange(len(at)), x]
@@ -182,8 +187,9 @@ def predict_sampled(target, prompts: list[list[int]], outputs: list[list[int]],
         for block in range(0, len(taken), ROWS):
             chunk = taken[block: block + ROWS]
             rows = [seq[: s + 2] + d[: k - 1] for s, d in chunk]
-            at = [list(range(s + 1, s + 1 + k)) for s, _ in chunk]
-            for (s, d), logp in zip(chunk, _log_probs(target, rows, at, temperature)):
+            last = _last_hidden(target, rows)
+            for i, (s, d) in enumerate(chunk):
+                logp = _log_probs(target, last[i, s + 1: s + 1 + k], temperature)  # [k, V]
                 q = torch.cumsum(logp[torch.arange(k), torch.tensor(d[:k])].double(), 0).exp().tolist()
                 expected = [e + x for e, x in zip(expected, q)]
                 for i, x in enumerate(q):

@@ -32,7 +32,7 @@ from eyas.drafter_loading import load_drafter, resolve_drafter
 from eyas.engines.compare import (acceptance_agreement, dump_check, paired_difference, rates, sampled_agreement,
                                   samples_test, wiring_report)
 from eyas.engines.launch import engine_python, run_vllm
-from eyas.engines.predict import RARE, compare_drafts, output_fit, predict, predict_sampled
+from eyas.engines.predict import SampledPrediction, compare_drafts, output_fit, predict, predict_sampled
 from eyas.contract import default_capture_layers
 from eyas.errors import EyasError
 from eyas.intervals import FEW
@@ -152,9 +152,8 @@ def _sampled(report: dict[str, Any], target: Target, prompts: list[list[int]], r
     return ok and report["samples"]["faithful"]
 
 
-def _samples(target: Target, fit) -> dict[str, Any]:
-    vocab = target.model.get_output_embeddings().weight.shape[0]
-    return samples_test(fit.tokens, fit.surprisal, fit.entropy, fit.surprisal_var, fit.rare, RARE, vocab)
+def _samples(target: Target, fit: SampledPrediction) -> dict[str, Any]:
+    return samples_test(fit, target.model.get_output_embeddings().weight.shape[0])
 
 
 def _control(target: Target, prompts: list[list[int]], run: dict[str, Any], temperature: float

@@ -233,18 +233,20 @@ def serve(job: dict, run: dict) -> dict:
         if job.get("warmup") and job["prompts"]:  # untimed and uncounted: first-call costs stay out of timings
             llm.generate([{"prompt_token_ids": job["prompts"][0]}], SamplingParams(temperature=0.0, max_tokens=8,
                                                                                    detokenize=False), use_tqdm=False)
-        before, res["outputs"], res["per_request"] = counters(llm), [], []
+        before = last = counters(llm)
+        res["outputs"], res["per_request"] = [], []
         t1 = time.perf_counter()
         for i, ids in enumerate(job["prompts"]):
             rec.request = i
-            start = counters(llm)
             params = SamplingParams(temperature=temperature, max_tokens=job["max_new_tokens"], detokenize=False,
                                     seed=i if temperature > 0 else None)  # request i samples the same on every run
             out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
             res["outputs"].append(list(out.outputs[0].token_ids))
-            res["per_request"].append(minus(counters(llm), start))
+            now = counters(llm)  # one read per request: its end is the next one's start
+            res["per_request"].append(minus(now, last))
+            last = now
         res["seconds_generate"] = round(time.perf_counter() - t1, 2)
-        res["counters"] = minus(counters(llm), before)
+        res["counters"] = minus(last, before)
         res["drafts"] = rec.drafts
         res["wiring"] = wiring(runner, llm)
         if run.get("dump") and job["prompts"]:
