@@ -44,8 +44,9 @@ from eyas.doctor import (
     paired_test,
     read_dump,
 )
+from eyas.doctor.capture import capture_tokens
 from eyas.doctor.hypotheses import layer_moves
-from eyas.doctor.stats import MIN_GAIN_LOGPROB, detectable, loses_acceptance, signed_rank
+from eyas.doctor.stats import MIN_GAIN_LOGPROB, detectable, held_back, loses_acceptance, signed_rank
 from eyas.errors import FormatError
 from eyas.formats import IDS, read_checkpoint, sglang_layer_ids
 from eyas.target import Target
@@ -316,6 +317,33 @@ def test_the_evidence_per_answer_counts_answers_not_positions():
     assert paired_test(base, alt)["samples_favouring"] == [0, 0]
 
 
+def _per_answer(means: list[float], positions: int = 60, seed: int = 0) -> dict:
+    """The paired test of an alternative whose gain in log-probability averages `means[i]` on answer i
+    (plus noise of sd 0.05 at each of its `positions`)."""
+    g = torch.Generator().manual_seed(seed)
+    gain = torch.cat([m + 0.05 * torch.randn(positions, generator=g) for m in means])
+    n = len(gain)
+    base = _outcome([0] * n, [0] * n)
+    alt = _outcome([0] * n, [0] * n, (-1.0 + gain).tolist())
+    base.samples = alt.samples = (positions,) * len(means)
+    return paired_test(base, alt)
+
+
+def test_a_preference_few_answers_hold_is_held_back():
+    """Two answers of eight gain much at every position, six lose a little: over positions that is
+    overwhelming, across answers it is 2 of 8. Held back, not adopted. The same gain on 7 of 8 answers
+    is a fault; on 2 of 3 answers (too few for a sign test to reach its level) positions decide."""
+    few = _per_answer([0.3, 0.3] + [-0.02] * 6)
+    assert few["p_logprob"] * 50 < 1e-3 and few["samples_favouring"] == [2, 8] and few["samples_favouring_kl"] == [2, 8]
+    assert not beats(few, tests=50) and held_back(few, tests=50)
+    most = _per_answer([0.05] * 7 + [-0.02])
+    assert most["samples_favouring"] == [7, 8] and beats(most, tests=50) and not held_back(most, tests=50)
+    short = _per_answer([0.3, 0.3, -0.02])
+    assert short["samples_favouring"] == [2, 3] and beats(short, tests=50)
+    nothing = _per_answer([0.0] * 8)
+    assert not beats(nothing, tests=50) and not held_back(nothing, tests=50)  # not significant anywhere
+
+
 def test_signed_rank_matches_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
     g = torch.Generator().manual_seed(0)
@@ -375,6 +403,37 @@ def test_detectable_effect_shrinks_with_positions():
 @pytest.fixture(scope="module")
 def healthy_report(healthy, states):
     return diagnose(healthy, capture=states, progress=False)
+
+
+def test_a_capture_of_answers_extends_with_the_next_prompts(target_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(_prompt_texts(6, seed=5)) + "\n")
+    cap = collect(Target.load(target_dir), prompts, limit=2, max_new_tokens=8, progress=False)
+    more = cap.extended(progress=False)
+    assert more is cap.extended(progress=False)  # a shared capture answers its next prompts once
+    assert len(more.samples) == 4 and more.samples[:2] == cap.samples and more.used == 4
+    assert more.source.startswith("4 prompts") and more.seconds >= cap.seconds
+    last = more.extended(progress=False)  # twice 4 asked, 2 left
+    assert len(last.samples) == 6 and last.extended(progress=False) is None  # the file is used up
+    assert capture_tokens(cap.target, cap.samples[0]["input_ids"], "given").extended() is None
+
+
+def test_answers_that_disagree_with_the_positions_are_doubled(healthy, target_dir, tmp_path, monkeypatch):
+    """While a wiring is significant over positions but not across answers the doctor measures twice
+    the answers, at most twice; here the doubt holds on the first 4 answers only."""
+    import eyas.doctor.search as search
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(_prompt_texts(12, seed=6)) + "\n")
+    cap = collect(Target.load(target_dir), prompts, limit=4, max_new_tokens=24, progress=False)
+    doubted = cap.positions
+    monkeypatch.setattr(search, "held_back", lambda test, tests: test["positions"] == doubted)
+    rep = diagnose(healthy, capture=cap, progress=False)
+    assert rep["measured"]["data"].startswith("8 prompts") and rep["measured"]["positions"] > doubted
+    assert sum("not across answers" in n and "measured 4 more prompts" in n for n in rep["notes"]) == 1
+    monkeypatch.setattr(search, "held_back", lambda test, tests: True)
+    rep = diagnose(healthy, capture=cap, progress=False)  # doubted however many: 4 -> 8 -> 12 (the file's end)
+    assert rep["measured"]["data"].startswith("12 prompts")
+    assert any("not named a fault" in n for n in rep["notes"])
 
 
 def test_healthy_draft_is_ok(healthy_report):

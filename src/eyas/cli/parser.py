@@ -289,7 +289,8 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
                    "(a folder: eyas, SpecForge, speculators), matched against the target's own states")
     add_data_format(p)
     add_device(p)
-    p.add_argument("--limit", type=int, metavar="N", help="prompts measured (default: eyas.doctor.DEFAULT_LIMIT)")
+    p.add_argument("--limit", type=int, metavar="N", help="prompts measured (default: eyas.doctor.DEFAULT_LIMIT; up "
+                   "to 4x as many where positions and answers disagree)")
     add_max_new_tokens(p, None, "answer tokens per prompt (default: eyas.doctor.DEFAULT_MAX_NEW_TOKENS)")
     add_reading(p, progress=True)
 

@@ -14,7 +14,9 @@ just drops. `diagnose` looks three ways:
    same positions. A hypothesis is reported only when it beats the current wiring significantly
    (`paired_test`, `beats`) on continuous evidence: the draft's log-probability of the target's
    token and its divergence from the target's distribution, per position, so a fault shows even
-   on a weak draft whose argmax it rarely flips; never one that measurably loses acceptance. The
+   on a weak draft whose argmax it rarely flips; never one that measurably loses acceptance, nor
+   one the answers do not share (positions of one answer are not independent: where positions and
+   answers disagree, the doctor answers more prompts and measures again). The
    winner that accepts the most is adopted and the rest are re-tested against it, so a second
    fault hiding behind the first is found too. An `ok` states the smallest change it would have
    detected.

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from eyas.data import capture, open_shards, read_prompts
+from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.shift import shift_left
 from eyas.target import Target
 
 DEFAULT_PROMPTS = "mtbench"
 # 8 MT-bench prompts x 64 tokens: about 500 measured positions, enough for a fault worth +5 points of
 # depth-1 acceptance to reach significance; each round that finds a fault re-measures the remaining wirings.
+# Where positions and answers disagree the doctor answers the next prompts too (`Capture.extended`).
 DEFAULT_LIMIT = 8  # prompts
 DEFAULT_MAX_NEW_TOKENS = 64
 
@@ -32,13 +33,18 @@ class Capture:
 
     Each sample: `input_ids` [T], `loss_mask` [T] (the positions measured), `states` [T, N+1, H]
     (index k = the residual stream entering decoder layer k, index N = the last layer's output
-    before the final norm) and `last_hidden` [T, H] (final-normed, what lm_head reads).
+    before the final norm) and `last_hidden` [T, H] (final-normed, what lm_head reads). A capture of
+    answers to prompts (`collect`) knows its prompts, so it can be `extended` by the next ones.
     """
 
     target: Target
     samples: list[dict[str, Tensor]]
     source: str  # what the sequences are, for the report
     seconds: float
+    prompts: str | Path | None = None  # the prompt set answered (None: given tokens, nothing more to answer)
+    used: int = 0  # how many of its prompts, from the first
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    _more: Capture | None = field(default=None, repr=False, compare=False)
 
     @property
     def sample_positions(self) -> list[int]:
@@ -51,28 +57,50 @@ class Capture:
         """Chain starts measured in all samples."""
         return sum(self.sample_positions)
 
+    def extended(self, progress: bool = True) -> Capture | None:
+        """This capture and the target's answers to as many more of its prompts (twice the answers),
+        or None where there are no more (given tokens, a prompt file used up). Kept: a capture that
+        several diagnoses share is extended once."""
+        if self._more is None and self.prompts is not None:
+            more = read_prompts(self.prompts, limit=2 * self.used)[self.used:]
+            if more:
+                t0 = time.perf_counter()
+                samples = _answer(self.target, more, self.max_new_tokens, progress)
+                total = self.used + len(more)
+                self._more = Capture(self.target, self.samples + samples,
+                                     _source(len(self.samples) + len(samples), self.prompts, self.max_new_tokens),
+                                     self.seconds + time.perf_counter() - t0, self.prompts, total, self.max_new_tokens)
+        return self._more
+
 
 def collect(target: Target | str | Path | None = None, prompts: str | Path | None = None, *,
             limit: int = DEFAULT_LIMIT, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
             progress: bool = True) -> Capture:
-    """Greedy answers to `limit` prompts (default: MT-bench) and every state of the target on them.
-
-    One `eyas.data.capture` at ALL indices 0..N (fp32, in a temporary folder): generation and the
-    forward pass are what eyas capture does, so the features are exactly those a draft trained with
-    eyas saw.
-    """
+    """Greedy answers to `limit` prompts (default: MT-bench) and every state of the target on them."""
     t0 = time.perf_counter()
     tgt = target if isinstance(target, Target) else Target.load(target, dtype=torch.float32)
-    found = read_prompts(prompts or DEFAULT_PROMPTS, limit=limit)
+    prompts = prompts or DEFAULT_PROMPTS
+    found = read_prompts(prompts, limit=limit)
+    samples = _answer(tgt, found, max_new_tokens, progress)
+    return Capture(tgt, samples, _source(len(samples), prompts, max_new_tokens), time.perf_counter() - t0,
+                   prompts, len(found), max_new_tokens)
+
+
+def _answer(tgt: Target, prompts: list[Prompt], max_new_tokens: int, progress: bool) -> list[dict[str, Tensor]]:
+    """One `eyas.data.capture` at ALL indices 0..N (fp32, in a temporary folder): generation and the
+    forward pass are what eyas capture does, so the features are exactly those a draft trained with
+    eyas saw."""
     N, H = tgt.num_layers, tgt.hidden_size
     with tempfile.TemporaryDirectory(prefix="eyas-doctor-") as tmp:
-        capture(tgt, found, range(N + 1), tmp, max_new_tokens=max_new_tokens, dtype=torch.float32,
+        capture(tgt, prompts, range(N + 1), tmp, max_new_tokens=max_new_tokens, dtype=torch.float32,
                 progress=progress)
-        samples = [{"input_ids": s["input_ids"], "loss_mask": s["loss_mask"], "last_hidden": s["last_hidden"],
-                    "states": s["features"].view(-1, N + 1, H)}  # [T, (N+1)*H] -> [T, N+1, H]
-                   for s in open_shards(tmp)]
-    source = f"{len(samples)} prompts ({prompts or DEFAULT_PROMPTS}) x {max_new_tokens} greedy tokens"
-    return Capture(tgt, samples, source, time.perf_counter() - t0)
+        return [{"input_ids": s["input_ids"], "loss_mask": s["loss_mask"], "last_hidden": s["last_hidden"],
+                 "states": s["features"].view(-1, N + 1, H)}  # [T, (N+1)*H] -> [T, N+1, H]
+                for s in open_shards(tmp)]
+
+
+def _source(n: int, prompts: str | Path, max_new_tokens: int) -> str:
+    return f"{n} prompts ({prompts}) x {max_new_tokens} greedy tokens"
 
 
 def capture_tokens(tgt: Target, input_ids: Tensor, source: str) -> Capture:

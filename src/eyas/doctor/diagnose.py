@@ -27,7 +27,8 @@ from eyas.doctor.measure import Measurer
 from eyas.doctor.search import search
 from eyas.doctor.serving import serving, serving_wirings
 from eyas.doctor.static import fc_skipped, hazards, join_problems, other_problems
-from eyas.doctor.stats import ACCEPTANCE_ALPHA, ALPHA, DEPTH, MIN_DROP_KL, MIN_GAIN_LOGPROB, POWER, detectable, rounded
+from eyas.doctor.stats import (ACCEPTANCE_ALPHA, ALPHA, ANSWERS_ALPHA, DEPTH, MIN_ANSWERS, MIN_DROP_KL,
+                               MIN_GAIN_LOGPROB, POWER, detectable, p_value, rounded)
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
 from eyas.target import Target
@@ -36,14 +37,18 @@ from eyas.target_ref import TargetRef
 if TYPE_CHECKING:
     from eyas.data.caches import FeatureCache
 
+GROW = 2  # times the answers are doubled while positions and answers disagree (the default 8 -> 16 -> 32)
+
 _TEST = (f"paired per position against the current wiring: Wilcoxon signed-rank tests on the gain in the draft's "
          f"log-probability of the target's token and on the drop in KL(target || draft) over the draft vocabulary "
          f"(each averaged over a chain of k={DEPTH}); significant when p x tests < {ALPHA} (Bonferroni) and the gain "
-         f"is >= {MIN_GAIN_LOGPROB} nats of log-probability or >= {MIN_DROP_KL} nats of divergence, unless the "
-         f"wiring loses acceptance (exact one-sided McNemar or chain sign test p < {ACCEPTANCE_ALPHA}); the best is "
-         "adopted, the rest re-tested. Depth-1 acceptance and accepted chain length are reported beside them. "
-         "Features one position EARLY (t+1) are not tried: they hand the draft the target's state after the token "
-         "it must predict")
+         f"is >= {MIN_GAIN_LOGPROB} nats of log-probability or >= {MIN_DROP_KL} nats of divergence, and that measure "
+         f"leans the same way across answers (exact sign test over answers p < {ANSWERS_ALPHA}; from {MIN_ANSWERS} "
+         f"answers: fewer cannot reach it; where positions and answers disagree the answers are doubled, to at "
+         f"most {2 ** GROW}x), unless the wiring loses acceptance (exact one-sided McNemar or chain sign test "
+         f"p < {ACCEPTANCE_ALPHA}); the best is adopted, the rest re-tested. Depth-1 acceptance and accepted "
+         "chain length are reported beside them. Features one position EARLY (t+1) are not tried: they hand the "
+         "draft the target's state after the token it must predict")
 
 
 def _cannot_measure(rep: CheckReport, ckpt: Checkpoint, tcfg: dict) -> str | None:
@@ -81,6 +86,37 @@ def _measure(m: Measurer, rep: CheckReport, cons: dict[str, dict[str, Any]], pat
         "detectable_logprob": _detectable(table, m.cap.positions),
     }
     return file_findings + found + serve_findings, final, section
+
+
+def _doubt(row: dict[str, Any]) -> str:
+    """A wiring significant over positions whose answers do not agree (`stats.held_back`), in words."""
+    (k, n), (j, _) = row["samples_favouring"], row["samples_favouring_kl"]
+    return (f"{row['hypothesis']} measured better over positions (p = {p_value(row):.1e}) but not across answers "
+            f"(log-probability higher on {k} of {n}, sign test p = {row['p_samples']:.2g}; divergence lower on {j} "
+            f"of {n}, p = {row['p_samples_kl']:.2g})")
+
+
+def _settled(cap: Capture, rep: CheckReport, cons: dict[str, dict[str, Any]], path: Path,
+             layer_convention: str | None, tcfg: dict, progress: bool, notes: list[str]
+             ) -> tuple[Measurer, Capture, list[dict[str, Any]], Wiring, dict[str, Any]]:
+    """`_measure`, repeated on twice the answers while a wiring is significant over positions but not
+    across answers, at most GROW times: positions of one answer are not independent, so a preference
+    a few answers hold can look decisive over positions, and only more answers tell it from a fault.
+    Only the last round's doubts count (that round found nothing more; an earlier round's doubt is
+    re-tested in the next one). What more answers do not settle is reported in `notes`, not as a fault."""
+    for grown in range(GROW + 1):
+        m = Measurer(rep.checkpoint, cap)
+        found, final, section = _measure(m, rep, cons, path, layer_convention, tcfg, progress)
+        rows = section["hypotheses"]
+        last = max((r["round"] for r in rows), default=0)
+        doubtful = [r for r in rows if r["held_back"] and r["round"] == last]
+        more = cap.extended(progress) if doubtful and grown < GROW else None
+        if more is None:
+            break
+        notes.append(f"{_doubt(doubtful[0])}: measured {len(more.samples) - len(cap.samples)} more prompts")
+        cap = more
+    notes += [f"{_doubt(r)}: not named a fault; other prompts, or more (--limit), would settle it" for r in doubtful]
+    return m, cap, found, final, section
 
 
 def _states(capture: Capture | None, ref: TargetRef, prompts: str | Path | None, features: str | Path | None,
@@ -172,7 +208,7 @@ def diagnose(
     """Diagnose the draft checkpoint at `drafter` (a folder) against `target` (None: the embedded default).
 
     Static findings always; measured findings on the target's greedy answers to `limit` prompts
-    (default MT-bench), or on the tokens of an engine dump (`features`, docs/engine-dumps.md) or of a
+    (default MT-bench; up to 4x as many where positions and answers disagree, `_settled`), or on the tokens of an engine dump (`features`, docs/engine-dumps.md) or of a
     trainer's feature cache (`features` a folder, `data_format` or detected: eyas.doctor.caches),
     which is then also matched against the target's states. Without the target's full weights (a
     cache judged by the target's final norm and lm_head alone) the draft is measured on the cache as
@@ -202,16 +238,17 @@ def diagnose(
             report["cache_measured"] = measure_on_cache(path, cache, ref, layer_convention, limit)
     else:
         cap = _states(capture, ref, prompts, features, dump, limit, max_new_tokens, progress)
-        t1 = time.perf_counter()
-        m = Measurer(ckpt, cap)
-        findings, final, report["measured"] = _measure(m, rep, cons, path, layer_convention, tcfg, progress)
+        t1, answered = time.perf_counter(), cap.seconds
+        m, cap, findings, final, report["measured"] = _settled(cap, rep, cons, path, layer_convention, tcfg,
+                                                              progress, report["notes"])
         report["notes"] += _measure_notes(cap, report["measured"], bool(findings),
-                                          None if capture is not None else limit, dump is not None)
+                                          None if capture is not None else cap.used, dump is not None)
         if dump is not None:
             dump_findings, report["dump"], dump_notes = dump_section(m, final, dump[1], Path(features), ckpt)
             findings += dump_findings
             report["notes"] += dump_notes
-        report["seconds"].update(capture=round(cap.seconds, 1), measure=round(time.perf_counter() - t1, 1))
+        report["seconds"].update(capture=round(cap.seconds, 1),
+                                 measure=round(time.perf_counter() - t1 - (cap.seconds - answered), 1))
     join_problems(findings, rep)
     findings += fc_skipped(rep, ckpt)
     if ckpt.contract.rope_theta is None and not any(f["fault"] == "rope" for f in findings):

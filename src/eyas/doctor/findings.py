@@ -36,14 +36,15 @@ def numbers(before: Outcome, after: Outcome, test: dict[str, Any], tests: int) -
     """The evidence of a measured finding: both outcomes and the paired tests, in one sentence."""
     b, c = test["depth1_wins_losses"]
     w, l = test["chain_wins_losses"]
-    k, n = test["samples_favouring"]
+    (k, n), (j, _) = test["samples_favouring"], test["samples_favouring_kl"]
     return (f"log-probability of the target's token {before.mean_logprob:.3f} -> {after.mean_logprob:.3f} nats "
             f"(signed-rank p = {test['p_logprob']:.1e}), divergence from the target {before.mean_kl:.3f} -> "
             f"{after.mean_kl:.3f} nats (p = {test['p_kl']:.1e}) over {test['positions']} positions, {tests} "
             f"test{'s' * (tests != 1)} in the round, Bonferroni at {ALPHA}; depth-1 acceptance {before.depth1:.3f} -> "
             f"{after.depth1:.3f} (exact McNemar p = {test['p_depth1']:.1e}, {b} positions gained, {c} lost), tau(5) "
             f"{before.tau:.2f} -> {after.tau:.2f} (chain-length sign test p = {test['p_chain']:.1e}, {w}/{l}); "
-            f"log-probability higher on {k} of {n} answers (sign test p = {test['p_samples']:.2g})")
+            f"log-probability higher on {k} of {n} answers (sign test p = {test['p_samples']:.2g}), divergence lower "
+            f"on {j} (p = {test['p_samples_kl']:.2g})")
 
 
 def differs(a: Wiring, b: Wiring) -> str:

@@ -39,10 +39,12 @@ def _dump(d: dict[str, Any]) -> list[str]:
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["", ("wirings measured (round: hypothesis, log-probability of the target's token and its gain, p "
-                  "(log-probability or divergence), depth-1 acceptance, tau(5); * = significant, - = loses "
-                  "acceptance; after round 1 only the significant):")]
-    for r in (r for r in rows if r["round"] == 1 or r["significant"]):
-        mark = " *" if r["significant"] else " -" if r.get("loses_acceptance") else ""
+                  "(log-probability or divergence), depth-1 acceptance, tau(5); * = significant, ? = over "
+                  "positions only, not across answers, - = loses acceptance; after round 1 only the significant "
+                  "and the doubted):")]
+    for r in (r for r in rows if r["round"] == 1 or r["significant"] or r.get("held_back")):
+        mark = (" *" if r["significant"] else " ?" if r.get("held_back") else
+                " -" if r.get("loses_acceptance") else "")
         lines.append(f"  {r['round']}: {r['hypothesis']:<36} {_num(r['logprob'], '.3f')} "
                      f"({_num(r['gain_logprob'], '+.3f')}, p={p_value(r):.1e})  "
                      f"{_num(r['acceptance_depth1'])}  {_num(r['tau5'], '.2f')}{mark}")

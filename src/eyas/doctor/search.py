@@ -1,7 +1,7 @@
 """The search: rounds of measuring every hypothesis against the current wiring, adopting the best.
 
 A hypothesis is adopted only when it beats the current wiring significantly (`stats.beats`, with
-Bonferroni over the round's tests); the rest are then re-tested against it, so a second fault
+Bonferroni over the round's tests, and the answers agreeing); the rest are then re-tested against it, so a second fault
 hiding behind the first is found too. Capture layers are searched further (`climb`): a round
 compares the layers one step from the current ones (every id moved together by -2..+2, each id
 alone by one), and when the real fault is two steps away the round's best is only its neighbour;
@@ -20,7 +20,7 @@ from tqdm import tqdm
 from eyas.doctor.findings import make_finding, numbers, said
 from eyas.doctor.hypotheses import Hypothesis, hypotheses, layer_moves, layers_hypothesis
 from eyas.doctor.measure import Measurer
-from eyas.doctor.stats import Outcome, beats, loses_acceptance, p_value, paired_test, rounded, score
+from eyas.doctor.stats import Outcome, beats, held_back, loses_acceptance, p_value, paired_test, rounded, score
 from eyas.doctor.wiring import Wiring
 
 MAX_ROUNDS = 3  # adopt the best hypothesis, re-test the rest; at most this many faults in a row
@@ -34,7 +34,8 @@ def _row(rnd: int, name: str, slug: str, out: Outcome, test: dict[str, Any], tes
             "drop_kl": rounded(test["drop_kl"]), "p_kl": test["p_kl"], "sd_logprob": rounded(test["sd_logprob"]),
             "gain_depth1": rounded(test["gain_depth1"]), "p_depth1": test["p_depth1"], "p_chain": test["p_chain"],
             "samples_favouring": test["samples_favouring"], "p_samples": test["p_samples"],
-            "loses_acceptance": loses_acceptance(test),
+            "samples_favouring_kl": test["samples_favouring_kl"], "p_samples_kl": test["p_samples_kl"],
+            "loses_acceptance": loses_acceptance(test), "held_back": held_back(test, tests),
             "tests": tests, "significant": significant}
 
 

@@ -7,8 +7,13 @@ divergence of the draft's next-token distribution from the target's (Wilcoxon si
 paired per-position differences). A fault that changes the draft's distribution without flipping
 its argmax is invisible to 0/1 acceptance, and a weak draft flips few argmaxes; both measures see
 it. Acceptance and tau stay the reported effect sizes, with their exact paired tests (McNemar on
-depth-1 outcomes, a sign test on accepted chain length) beside them, and so does the evidence per
-answer (`by_sample`: positions of one answer are not independent draws, answers are).
+depth-1 outcomes, a sign test on accepted chain length) beside them.
+
+Positions of one answer are not independent draws (a wiring that helps on code helps on all of a
+code answer); answers are. The signed-rank tests overstate the evidence of a preference held by a
+few answers, so a measure that decides must also lean the same way across answers (`by_sample`, an
+exact sign test over answers at ANSWERS_ALPHA). A preference significant over positions that the
+answers do not share is `held_back`: not a fault yet, and the doctor measures more prompts.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ MIN_GAIN_LOGPROB = 0.005  # a significant change must also be more than rounding
 MIN_DROP_KL = 0.005  # or 0.005 nats less divergence from the target
 POWER = 0.8  # the power at which the report states the smallest fault it could detect
 ACCEPTANCE_ALPHA = 0.05  # a wiring that loses acceptance at this one-sided level never wins
+ANSWERS_ALPHA = 0.05  # the measure that decides must lean the same way on the answers: sign test p below this
+# Fewer answers than this cannot reach ANSWERS_ALPHA even all agreeing (1/2^4 > 0.05): positions decide alone.
+MIN_ANSWERS = 5
 
 
 @dataclass
@@ -154,20 +162,21 @@ def paired_test(base: Outcome, alt: Outcome) -> dict[str, Any]:
         "gain_depth1": alt.depth1 - base.depth1,
         "gain_accepted": alt.mean_accepted - base.mean_accepted,
         **by_sample(gain, base.samples),
+        **by_sample(drop, base.samples, "_kl"),
     }
 
 
-def by_sample(gain: Tensor, samples: tuple[int, ...]) -> dict[str, Any]:
+def by_sample(gain: Tensor, samples: tuple[int, ...], suffix: str = "") -> dict[str, Any]:
     """How many samples (answers) gain on average, of those measured, and the exact one-sided sign
-    test over them (`p_samples`). The signed-rank tests treat positions as independent; positions of
-    one answer are not (a wiring that helps on code helps on all of a code answer), so this is the
-    evidence at the level where draws are independent, reported beside them, not deciding: a handful
-    of samples cannot reach the Bonferroni level (8 samples: p >= 1/256)."""
+    test over them: `samples_favouring{suffix}` [k, n] and `p_samples{suffix}`. Positions of one
+    answer are not independent draws, answers are: this is the evidence at that level. It cannot
+    reach the Bonferroni level of a round (8 answers: p >= 1/256), so it confirms the signed-rank
+    tests' verdict (`answers_agree`) rather than making it."""
     means = []
     if samples and sum(samples) == gain.numel():  # else the outcome does not say its samples
         means = [float(c.mean()) for c in torch.split(gain, list(samples)) if c.numel()]
     better = sum(m > 0 for m in means)
-    return {"samples_favouring": [better, len(means)], "p_samples": binomial_tail(better, len(means))}
+    return {f"samples_favouring{suffix}": [better, len(means)], f"p_samples{suffix}": binomial_tail(better, len(means))}
 
 
 def p_value(test: dict[str, Any]) -> float:
@@ -184,14 +193,32 @@ def loses_acceptance(test: dict[str, Any]) -> bool:
     return min(test["p_depth1_worse"], test["p_chain_worse"]) < ACCEPTANCE_ALPHA
 
 
-def beats(test: dict[str, Any], tests: int) -> bool:
+def answers_agree(test: dict[str, Any], suffix: str = "") -> bool:
+    """The answers lean the way the positions do (`by_sample`'s sign test below ANSWERS_ALPHA), or
+    are too few to say (under MIN_ANSWERS: a dump is one sequence)."""
+    k, n = test[f"samples_favouring{suffix}"]
+    return n < MIN_ANSWERS or test[f"p_samples{suffix}"] < ANSWERS_ALPHA
+
+
+def _over_positions(test: dict[str, Any], tests: int) -> tuple[bool, bool]:
     """Significant after Bonferroni over `tests` tests (p * tests < ALPHA) AND large enough to matter,
-    on the log-probability of the target's token or on the divergence from the target; and no
-    measurable loss of acceptance (`loses_acceptance`)."""
+    over positions: (on the log-probability of the target's token, on the divergence from the target)."""
+    return (test["p_logprob"] * tests < ALPHA and test["gain_logprob"] >= MIN_GAIN_LOGPROB,
+            test["p_kl"] * tests < ALPHA and test["drop_kl"] >= MIN_DROP_KL)
+
+
+def beats(test: dict[str, Any], tests: int) -> bool:
+    """A measure significant over positions (`_over_positions`) whose answers agree (`answers_agree`),
+    and no measurable loss of acceptance (`loses_acceptance`)."""
     if loses_acceptance(test):
         return False
-    return (test["p_logprob"] * tests < ALPHA and test["gain_logprob"] >= MIN_GAIN_LOGPROB) or (
-        test["p_kl"] * tests < ALPHA and test["drop_kl"] >= MIN_DROP_KL)
+    logprob, kl = _over_positions(test, tests)
+    return (logprob and answers_agree(test)) or (kl and answers_agree(test, "_kl"))
+
+
+def held_back(test: dict[str, Any], tests: int) -> bool:
+    """Significant over positions, but not on the answers: more answers would settle it."""
+    return not loses_acceptance(test) and any(_over_positions(test, tests)) and not beats(test, tests)
 
 
 def detectable(sds: list[float], positions: int, tests: int) -> float | None:
