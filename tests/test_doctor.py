@@ -429,7 +429,7 @@ def test_answers_that_disagree_with_the_positions_are_doubled(healthy, target_di
     monkeypatch.setattr(search, "held_back", lambda test, tests: test["positions"] == doubted)
     rep = diagnose(healthy, capture=cap, progress=False)
     assert rep["measured"]["data"].startswith("8 prompts") and rep["measured"]["positions"] > doubted
-    assert sum("not across answers" in n and "measured 4 more prompts" in n for n in rep["notes"]) == 1
+    assert sum("not across answers" in n and "answered 4 more prompts" in n for n in rep["notes"]) == 1
     monkeypatch.setattr(search, "held_back", lambda test, tests: True)
     rep = diagnose(healthy, capture=cap, progress=False)  # doubted however many: 4 -> 8 -> 12 (the file's end)
     assert rep["measured"]["data"].startswith("12 prompts")

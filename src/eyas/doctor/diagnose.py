@@ -113,7 +113,8 @@ def _settled(cap: Capture, rep: CheckReport, cons: dict[str, dict[str, Any]], pa
         more = cap.extended(progress) if doubtful and grown < GROW else None
         if more is None:
             break
-        notes.append(f"{_doubt(doubtful[0])}: measured {len(more.samples) - len(cap.samples)} more prompts")
+        added = len(more.samples) - len(cap.samples)
+        notes.append(f"{_doubt(doubtful[0])}: answered {added} more prompts to settle it")
         cap = more
     notes += [f"{_doubt(r)}: not named a fault; other prompts, or more (--limit), would settle it" for r in doubtful]
     return m, cap, found, final, section
