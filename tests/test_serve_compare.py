@@ -11,7 +11,7 @@ from test_data import save_tiny_target
 from eyas.drafter_loading import load_drafter
 from eyas.engines.compare import count_tail, paired_difference, rates, sampled_agreement, samples_test
 from eyas.engines.predict import _walk, output_fit, predict, predict_sampled
-from eyas.engines.serve_check import _difference_lines, _per_request, _steps
+from eyas.engines.serve_check import _difference_lines, _per_request, _steps, assess
 from eyas.errors import EyasError
 from eyas.cli import main
 from eyas.target import Target
@@ -171,6 +171,23 @@ def test_an_engine_whose_tokens_after_a_rejection_are_wrong_is_caught(served):
     fit = output_fit(target, prompts, outputs, T)
     t = samples_test(fit, 48)
     assert not t["faithful"] and t["z"] > 4 and t["mean_surprisal"] > t["mean_entropy"]
+
+
+def test_records_that_cannot_be_matched_are_not_called_a_draft_that_cannot_run(served, tmp_path):
+    """At a temperature, per-request counters that do not add up to the engine's totals leave its steps
+    unmatched: the report says so, not that eyas cannot run the draft."""
+    target, prompts, (outputs, steps, per), _ = served
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(target.path), "--capture-layers", "1,2,3"]) == 0
+    totals = {"num_drafts": sum(d for d, _ in per), "accepted_per_pos": [sum(c[i] for _, c in per) for i in range(3)]}
+    run = {"loaded": True, "error": None, "outputs": outputs, "counters": totals,
+           "drafts": [[r, start, d] for r, taken in enumerate(steps) for start, d in taken],
+           "per_request": [{"num_drafts": d + 1, "accepted_per_pos": c} for d, c in per]}  # one draft too many each
+    rep = assess(draft, target, prompts, run, 3, engine_version="test", dump=None, doctor=False, progress=False,
+                 temperature=T)
+    assert not rep["agree"] and rep["drafts_compared"] is not None
+    problems = " ".join(rep["check"]["problems"])
+    assert "cannot match the engine's records" in problems and "cannot run the draft" not in problems
 
 
 def test_the_served_count_is_judged_by_its_exact_distribution():

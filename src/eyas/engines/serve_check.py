@@ -213,10 +213,11 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
     report["served"] = rates(n["accepted_per_pos"][:k], n["num_drafts"])
     c = ckpt.contract  # no layer ids: eyas captures the engines' default, as `eyas eval` does
     layers = list(c.capture_layers or default_capture_layers(target.num_layers))
-    dump_result = None
+    dump_result, ran = None, False
     try:
         drafter = load_drafter(draft_dir, target=target.path, dtype=torch.float32)
         pred = predict(drafter, target, layers, prompts, run["outputs"], k)
+        ran = True  # what fails from here is matching the engine's records, not running the draft
         report["drafts_compared"] = compare_drafts(pred, run["drafts"], prompts, k)
         if temperature > 0:
             acc_ok = _sampled(report, target, prompts, run, k, temperature)
@@ -228,7 +229,8 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
             report["difference"] = paired_difference(per, pred.per_sequence, k) if per else None
     except EyasError as e:
         acc_ok = False
-        report["check"]["problems"].append(f"eyas cannot run the draft: {e}")
+        what = "eyas cannot match the engine's records with the draft's steps" if ran else "eyas cannot run the draft"
+        report["check"]["problems"].append(f"{what}: {e}")
     if dump is not None and run.get("dump_positions"):
         from eyas.doctor import read_dump
 
