@@ -334,7 +334,8 @@ def test_a_preference_few_answers_hold_is_held_back():
     overwhelming, across answers it is 2 of 8. Held back, not adopted. The same gain on 7 of 8 answers
     is a fault; on 2 of 3 answers (too few for a sign test to reach its level) positions decide."""
     few = _per_answer([0.3, 0.3] + [-0.02] * 6)
-    assert few["p_logprob"] * 50 < 1e-3 and few["samples_favouring"] == [2, 8] and few["samples_favouring_kl"] == [2, 8]
+    assert few["p_logprob"] * 50 < 1e-3  # significant over positions in a round of 50 tests
+    assert few["samples_favouring"] == [2, 8] and few["samples_favouring_kl"] == [2, 8]
     assert not beats(few, tests=50) and held_back(few, tests=50)
     most = _per_answer([0.05] * 7 + [-0.02])
     assert most["samples_favouring"] == [7, 8] and beats(most, tests=50) and not held_back(most, tests=50)

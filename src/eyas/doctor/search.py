@@ -1,10 +1,10 @@
 """The search: rounds of measuring every hypothesis against the current wiring, adopting the best.
 
 A hypothesis is adopted only when it beats the current wiring significantly (`stats.beats`, with
-Bonferroni over the round's tests, and the answers agreeing); the rest are then re-tested against it, so a second fault
-hiding behind the first is found too. Capture layers are searched further (`climb`): a round
-compares the layers one step from the current ones (every id moved together by -2..+2, each id
-alone by one), and when the real fault is two steps away the round's best is only its neighbour;
+Bonferroni over the round's tests, the answers agreeing); the rest are then re-tested against it, so
+a second fault hiding behind the first is found too. Capture layers are searched further (`climb`):
+a round compares the layers one step from the current ones (every id moved together by -2..+2, each
+id alone by one), and when the real fault is two steps away the round's best is only its neighbour;
 the climb keeps moving to a neighbouring set of layers while one beats the current set
 significantly, so the search does not stop beside the truth.
 """

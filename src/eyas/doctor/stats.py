@@ -176,7 +176,8 @@ def by_sample(gain: Tensor, samples: tuple[int, ...], suffix: str = "") -> dict[
     if samples and sum(samples) == gain.numel():  # else the outcome does not say its samples
         means = [float(c.mean()) for c in torch.split(gain, list(samples)) if c.numel()]
     better = sum(m > 0 for m in means)
-    return {f"samples_favouring{suffix}": [better, len(means)], f"p_samples{suffix}": binomial_tail(better, len(means))}
+    return {f"samples_favouring{suffix}": [better, len(means)],
+            f"p_samples{suffix}": binomial_tail(better, len(means))}
 
 
 def p_value(test: dict[str, Any]) -> float:
@@ -196,7 +197,7 @@ def loses_acceptance(test: dict[str, Any]) -> bool:
 def answers_agree(test: dict[str, Any], suffix: str = "") -> bool:
     """The answers lean the way the positions do (`by_sample`'s sign test below ANSWERS_ALPHA), or
     are too few to say (under MIN_ANSWERS: a dump is one sequence)."""
-    k, n = test[f"samples_favouring{suffix}"]
+    _, n = test[f"samples_favouring{suffix}"]
     return n < MIN_ANSWERS or test[f"p_samples{suffix}"] < ANSWERS_ALPHA
 
 
