@@ -192,8 +192,8 @@ def predict_sampled(target, prompts: list[list[int]], outputs: list[list[int]],
                 logp = _log_probs(target, last[i, s + 1: s + 1 + k], temperature)  # [k, V]
                 q = torch.cumsum(logp[torch.arange(k), torch.tensor(d[:k])].double(), 0).exp().tolist()
                 expected = [e + x for e, x in zip(expected, q)]
-                for i, x in enumerate(q):
-                    pred.chances[i].append(x)
+                for depth, x in enumerate(q):
+                    pred.chances[depth].append(x)
         pred.per_sequence.append((len(taken), expected))
     return output_fit(target, prompts, outputs, temperature, pred)
 
