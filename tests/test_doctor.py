@@ -547,7 +547,7 @@ def test_a_consumer_that_wires_it_worse_is_a_serving_fault(healthy, states, tmp_
 def test_engine_dump_fault_is_named_first(slug, healthy, states, tmp_path):
     layers, shift, normed = DUMP_FAULTS[slug]
     dump = write_dump(states, tmp_path / "dump.safetensors", layers, shift=shift, normed=normed)
-    rep = diagnose(healthy, target=states.target.path, features=dump, progress=False)
+    rep = diagnose(healthy, capture=states, features=dump, progress=False)
     first = rep["findings"][0]
     assert (first["fault"], first["source"]) == (slug, "engine dump"), format_report(rep)
     chunks = rep["dump"]["chunks"]
@@ -558,10 +558,74 @@ def test_engine_dump_fault_is_named_first(slug, healthy, states, tmp_path):
 
 def test_a_correct_engine_dump_is_ok(healthy, states, tmp_path):
     dump = write_dump(states, tmp_path / "dump.safetensors", LAYERS)
-    rep = diagnose(healthy, target=states.target.path, features=dump, progress=False)
+    rep = diagnose(healthy, capture=states, features=dump, progress=False)
     assert rep["verdict"] == "ok", format_report(rep)
+    assert rep["measured"]["data"] == states.source and rep["dump"]["positions"] == states.samples[0]["input_ids"].shape[0]
     assert rep["dump"]["acceptance_on_dump"]["acceptance_depth1"] == pytest.approx(
         rep["dump"]["acceptance_on_correct_features"]["acceptance_depth1"], abs=0.02)  # bf16 dump vs fp32
+
+
+@pytest.fixture(scope="module")
+def answers_cache(target_dir, tmp_path_factory):
+    """eyas's own capture of the target's answers to 12 held-out prompts at LAYERS: a trainer's cache."""
+    folder = tmp_path_factory.mktemp("cache") / "cache"
+    capture(Target.load(target_dir), _prompt_texts(12, seed=4), LAYERS, folder, max_new_tokens=24, dtype="float32",
+            progress=False)
+    return folder
+
+
+def test_a_cache_feeds_its_samples_cut_after_their_first_answer_tokens(target_dir, answers_cache):
+    from eyas.data import open_shards
+    from eyas.data.caches import open_cache
+    from eyas.doctor.caches import CacheFeed
+    from eyas.doctor.capture import collect_from
+
+    feed = CacheFeed(open_cache(answers_cache, num_layers=N_LAYERS), answer_tokens=10)
+    whole = list(open_shards(answers_cache))
+    cut = feed.windows(0, 12)
+    assert len(cut) == 12 and [int(w["loss_mask"].sum()) for w in cut] == [10] * 12
+    for w, s in zip(cut, whole):  # a prefix, ending on its 10th answer token
+        T = w["input_ids"].shape[0]
+        assert torch.equal(w["input_ids"], s["input_ids"][:T]) and w["loss_mask"][-1]
+        assert torch.equal(w["features"], s["features"][:T])
+    assert torch.equal(feed.first()[0], cut[0]["input_ids"])
+    cap = collect_from(Target.load(target_dir), feed, 5, progress=False)
+    assert cap.used == 5 and cap.source.startswith("5 samples of feature cache")
+    more = cap.extended(progress=False)  # twice the samples: 5 more
+    assert more.used == 10 and more.samples[:5] == cap.samples and len(more.samples) == 10
+    assert len(more.extended(progress=False).samples) == 12 and feed.more(2) == "measured 2 more samples of the cache"
+
+
+def test_a_cache_without_a_position_to_measure_is_refused(target_dir, answers_cache, tmp_path):
+    from eyas.data.caches import open_cache
+    from eyas.doctor.caches import CacheFeed
+
+    class Unanswered:  # every sample's loss mask off: nothing the draft was trained to predict
+        info = open_cache(answers_cache, num_layers=N_LAYERS).info
+
+        def __iter__(self):
+            for s in open_cache(answers_cache, num_layers=N_LAYERS):
+                yield {**s, "loss_mask": torch.zeros_like(s["loss_mask"])}
+
+    with pytest.raises(FormatError, match="no sample with two consecutive loss-mask positions"):
+        CacheFeed(Unanswered(), answer_tokens=10).first()
+
+
+def test_the_doctor_measures_a_cache_on_its_first_samples(healthy, target_dir, answers_cache, tmp_path):
+    """Every wiring is measured on the target's states for the cache's first `limit` samples (so the
+    answers' sign test applies), and the first sample is matched against those states."""
+    rep = diagnose(healthy, target=target_dir, features=answers_cache, limit=6, max_new_tokens=20, progress=False)
+    assert rep["verdict"] == "ok", format_report(rep)
+    assert rep["measured"]["data"].startswith("6 samples of feature cache")
+    assert [c["layer"] for c in rep["dump"]["chunks"]] == LAYERS and rep["cache"]["format"] == "eyas"
+    assert any("--limit 24 halves what can" in n for n in rep["notes"])
+    deeper = tmp_path / "deeper"  # the same answers captured one layer deeper than the draft reads
+    capture(Target.load(target_dir), _prompt_texts(12, seed=4), [k + 1 for k in LAYERS], deeper, max_new_tokens=24,
+            dtype="float32", progress=False)
+    rep = diagnose(healthy, target=target_dir, features=deeper, limit=6, max_new_tokens=20, progress=False)
+    first = rep["findings"][0]
+    assert (first["fault"], first["source"]) == ("capture_layers", "engine dump"), format_report(rep)
+    assert [c["layer"] for c in rep["dump"]["chunks"]] == [k + 1 for k in LAYERS]
 
 
 def test_dump_reader_takes_vllm_files_and_refuses_others(tmp_path):

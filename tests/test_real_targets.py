@@ -264,6 +264,26 @@ def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path
     assert rep["cache"]["format"] == "specforge" and not rep["cache"]["layers_recorded"]
     assert [c["layer"] for c in rep["dump"]["chunks"]] == [2, 3, 4]
     assert any("does not record its layers" in n for n in rep["notes"])
+    assert any(n.startswith("2 samples of the cache measured: under 5") for n in rep["notes"])  # too few to confirm
+
+
+def test_doctor_names_no_wiring_an_untrained_draft_leans_to(plain, tmp_path):
+    """Random weights measure better under some wiring (here the doctor once named a concatenation
+    order a fault), but a draft that accepts almost nothing under every wiring is trained for none."""
+    import random
+
+    from eyas.doctor import diagnose
+    from test_data import WORDS
+
+    folder, _, _, draft = plain
+    rnd = random.Random(0)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(" ".join(rnd.choice(WORDS) for _ in range(5)) for _ in range(8)) + "\n")
+    rep = diagnose(draft, target=folder, prompts=prompts, limit=8, max_new_tokens=32, progress=False)
+    assert rep["verdict"] == "ok" and rep["findings"] == []
+    note = next(n for n in rep["notes"] if n.startswith("depth-1 acceptance is below 0.05 under every wiring"))
+    assert "not named faults" in note and rep["trained_for"].startswith(f"capture layers {LAYERS}")
+    assert rep["measured"]["trained_for"]["wiring"] == rep["measured"]["contract"]["wiring"]
 
 
 def test_eval_dtype_auto_is_bf16_only_where_the_cpu_multiplies_it(monkeypatch):

@@ -183,8 +183,7 @@ def test_records_that_cannot_be_matched_are_not_called_a_draft_that_cannot_run(s
     run = {"loaded": True, "error": None, "outputs": outputs, "counters": totals,
            "drafts": [[r, start, d] for r, taken in enumerate(steps) for start, d in taken],
            "per_request": [{"num_drafts": d + 1, "accepted_per_pos": c} for d, c in per]}  # one draft too many each
-    rep = assess(draft, target, prompts, run, 3, engine_version="test", dump=None, doctor=False, progress=False,
-                 temperature=T)
+    rep = assess(draft, target, prompts, run, 3, engine_version="test", dump=None, doctor=False, temperature=T)
     assert not rep["agree"] and rep["drafts_compared"] is not None
     problems = " ".join(rep["check"]["problems"])
     assert "cannot match the engine's records" in problems and "cannot run the draft" not in problems

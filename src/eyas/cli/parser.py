@@ -283,15 +283,17 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("doctor", cmd_doctor, "name the wiring fault behind a low acceptance, and the fix; exit 1 if faulty")
     add_drafter(p)
     add_target(p)
-    p.add_argument("--prompts", help="prompts to answer and measure on (default: MT-bench)")
+    p.add_argument("--prompts", help="prompts to answer and measure on (default: MT-bench; not with a cache)")
     p.add_argument("--features", metavar="DUMP_OR_CACHE",
                    help="an engine dump (safetensors: input_ids [T], features [T, W]) or a trainer's feature cache "
-                   "(a folder: eyas, SpecForge, speculators), matched against the target's own states")
+                   "(a folder: eyas, SpecForge, speculators, measured on instead of answers), matched against the "
+                   "target's own states")
     add_data_format(p)
     add_device(p)
-    p.add_argument("--limit", type=int, metavar="N", help="prompts measured (default: eyas.doctor.DEFAULT_LIMIT; up "
-                   "to 4x as many where positions and answers disagree)")
-    add_max_new_tokens(p, None, "answer tokens per prompt (default: eyas.doctor.DEFAULT_MAX_NEW_TOKENS)")
+    p.add_argument("--limit", type=int, metavar="N", help="prompts, or a cache's samples, measured (default: "
+                   "eyas.doctor.DEFAULT_LIMIT; up to 4x as many where positions and answers disagree)")
+    add_max_new_tokens(p, None, "answer tokens per prompt, or per cache sample (default: "
+                       "eyas.doctor.DEFAULT_MAX_NEW_TOKENS)")
     add_reading(p, progress=True)
 
     p = command("serve-check", cmd_serve_check, "serve the draft in a real engine (vLLM, CPU) and compare its "

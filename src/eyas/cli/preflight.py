@@ -258,6 +258,10 @@ def _bench(a: argparse.Namespace) -> None:
 
 def _doctor(a: argparse.Namespace) -> None:
     at_least(a, 1, "limit", "max_new_tokens")
+    if a.prompts and a.features and Path(a.features).is_dir():
+        raise EyasError(f"--prompts and --features {a.features} (a feature cache) both given: the doctor measures "
+                        "the cache's own samples", "drop --prompts (an engine dump file takes --prompts: the wirings "
+                        "are measured on their answers)")
     target(a, weights=True)
     prompts(a.prompts, limit=a.limit)
     features(a)

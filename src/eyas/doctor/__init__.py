@@ -18,16 +18,19 @@ just drops. `diagnose` looks three ways:
    one the answers do not share (positions of one answer are not independent: where positions and
    answers disagree, the doctor answers more prompts and measures again). The
    winner that accepts the most is adopted and the rest are re-tested against it, so a second
-   fault hiding behind the first is found too. An `ok` states the smallest change it would have
-   detected.
+   fault hiding behind the first is found too. A draft that accepts almost nothing under every
+   wiring (MIN_USABLE) is trained for none of them, and what its weights lean to is not named. An
+   `ok` states the smallest change it would have detected. Given a trainer's feature cache, the
+   sequences are the tokens of its first samples instead of answers to prompts (eyas.doctor.caches).
 3. Engine dumps: what an engine actually fed the draft (`features[t]` for `input_ids[t]`, layout in
-   docs/engine-dumps.md) is matched chunk by chunk against the target's states (`match_dump`).
+   docs/engine-dumps.md), or a cache's first sample, is matched chunk by chunk against the target's
+   states (`match_dump`).
 
 Nothing here prints except progress on stderr; `diagnose` returns a JSON-ready dict and
 `format_report` renders it.
 
 Modules, in the order a diagnosis uses them:
-- `capture`: `Capture` and `collect`, the target's states recorded once per diagnosis; the defaults.
+- `capture`: `Capture`, `collect` and `Feed`, the target's states recorded once per diagnosis; the defaults.
 - `wiring`: `Wiring`, every choice that decides what the draft computes, and `contract_wiring`.
 - `stats`: `Outcome` (per-position results) and the paired tests (`paired_test`, `beats`, `detectable`).
 - `measure`: `Measurer`, the harness that runs the draft under any wiring and caches its outcome.
@@ -38,6 +41,7 @@ Modules, in the order a diagnosis uses them:
 - `serving`: engines that would wire the draft worse than its weights fit.
 - `static`: `eyas check` problems and consumer hazards, ranked by their codes.
 - `dumps`: engine dumps (read by eyas.data.dumps) matched against the target's states.
+- `caches`: a trainer's feature cache as evidence: its samples' tokens (`CacheFeed`), or as stored.
 - `diagnose`: the entry point. `report`: `format_report`.
 """
 

@@ -1,31 +1,41 @@
 """A trainer's feature cache handed to the doctor (`eyas doctor --features DIR`).
 
 A cache (eyas.data.caches: SpecForge, speculators, eyas) is what the draft was trained on. With the
-target at hand, its first sample is matched chunk by chunk against the target's own states, exactly
-as an engine dump is (eyas.doctor.dumps): a cache taken one layer too deep is named as a
-`capture_layers` fault. Without the target (a 671B target on another cluster: only its config and
-the shards holding the final norm and lm_head here), the draft is measured on the cache as stored,
-and the report says which layers the cache was assumed to hold and how to confirm it.
+target at hand, the doctor measures every wiring on the target's own states for the tokens of the
+cache's first `--limit` samples (`CacheFeed`, taking more where answers disagree, as with prompts),
+and matches the first sample chunk by chunk against those states, exactly as an engine dump is
+(eyas.doctor.dumps): a cache taken one layer too deep is named as a `capture_layers` fault. Without
+the target (a 671B target on another cluster: only its config and the shards holding the final norm
+and lm_head here), the draft is measured on the cache as stored, and the report says which layers
+the cache was assumed to hold and how to confirm it.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from eyas.data.dumps import MIN_POSITIONS
+from eyas.doctor.capture import states_on
 from eyas.drafter_loading import load_drafter_and_config
+from eyas.data.values import check_ids
 from eyas.errors import FormatError
 from eyas.evaluate import evaluate_samples
+from eyas.shift import shift_left
 from eyas.target_ref import TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, describe, judged
 
 if TYPE_CHECKING:
     from eyas.data.caches import CacheInfo, FeatureCache
+    from eyas.target import Target
 
 # Acceptance on a cache as stored is `eyas eval --data`'s measurement: in its default dtype, which keeps
 # a DeepSeek-V3-sized draft with the target's embeddings and lm_head under 10 GB.
@@ -41,13 +51,54 @@ def open_for(path: str | Path, data_format: str | None, ref: TargetRef) -> Featu
     return cache
 
 
-def cache_dump(cache: FeatureCache) -> tuple[Tensor, Tensor]:
-    """The cache's first sample long enough to match, as a dump: (input_ids [T], features [T, W] fp32)."""
-    for s in cache:
-        if s["input_ids"].shape[0] >= MIN_POSITIONS:
-            return s["input_ids"].long(), s["features"].float()
-    raise FormatError(f"{cache.info.path}: no sample with {MIN_POSITIONS} or more positions",
-                      "point --features at a cache of real conversations")
+@dataclass(frozen=True)
+class CacheFeed:
+    """A cache's samples as the doctor's sequences (eyas.doctor.capture.Feed): the target's own states
+    on each sample's tokens, measured at its loss-mask positions. A sample is cut after its first
+    `answer_tokens` of them: the states of a prefix are the same as in the whole sequence, and a
+    conversation of thousands of tokens then costs what one answer to a prompt does (at an 8B target
+    a full 4096-token sample would hold 2 GB of fp32 states)."""
+
+    cache: FeatureCache
+    answer_tokens: int
+    unit = "samples of the cache"
+
+    def windows(self, start: int, stop: int) -> list[dict[str, Tensor]]:
+        """Samples start..stop-1 of those with a position to measure, cut as the class says."""
+        return list(itertools.islice(self._cut(), start, stop))
+
+    def _cut(self) -> Iterator[dict[str, Tensor]]:
+        for s in self.cache:
+            answer = s["loss_mask"].nonzero()[:, 0]
+            if answer.numel() < 3:  # a chain start needs x_{t+1} and x_{t+2} in the answer
+                continue
+            end = max(int(answer[min(self.answer_tokens, answer.numel()) - 1]) + 1, MIN_POSITIONS)
+            cut = {k: s[k][:end] for k in ("input_ids", "loss_mask", "features")}
+            if bool((cut["loss_mask"][1:] & shift_left(cut["loss_mask"][1:], 1)).any()):
+                yield cut
+
+    def first(self) -> tuple[Tensor, Tensor]:
+        """The first sample the doctor measures, as a dump to match: (input_ids [T], features [T, W] fp32)."""
+        found = self.windows(0, 1)
+        if not found:
+            raise FormatError(f"{self.cache.info.path}: no sample with two consecutive loss-mask positions to "
+                              "measure", "point --features at a cache of real conversations")
+        return found[0]["input_ids"].long(), found[0]["features"].float()
+
+    def take(self, tgt: Target, start: int, stop: int, progress: bool) -> list[dict[str, Tensor]]:
+        out = []
+        for w in tqdm(self.windows(start, stop), desc="doctor: the target on the cache", unit="sample",
+                      file=sys.stderr, disable=not progress):
+            check_ids(w["input_ids"], tgt.vocab_size, file=self.cache.info.path, key="input_ids",
+                      hint="the cache holds another tokenizer's ids: pass the --target it was captured from")
+            out.append(states_on(tgt, w["input_ids"].long(), w["loss_mask"]))
+        return out
+
+    def describe(self, n: int) -> str:
+        return f"{n} samples of feature cache {self.cache.info.path} (up to {self.answer_tokens} answer tokens each)"
+
+    def more(self, n: int) -> str:
+        return f"measured {n} more samples of the cache"
 
 
 def cache_section(info: CacheInfo) -> dict[str, Any]:

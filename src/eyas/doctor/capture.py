@@ -11,6 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -27,23 +28,60 @@ DEFAULT_LIMIT = 8  # prompts
 DEFAULT_MAX_NEW_TOKENS = 64
 
 
+class Feed(Protocol):
+    """Where a capture's sequences come from, so that it can take the next ones: prompts to answer
+    (`PromptFeed`) or a trainer's cache (eyas.doctor.caches.CacheFeed)."""
+
+    unit: str  # what its items are called in the report ("prompts")
+
+    def take(self, tgt: Target, start: int, stop: int, progress: bool) -> list[dict[str, Tensor]]:
+        """The capture samples of items start..stop-1 (fewer, or none, where the source ends)."""
+        ...
+
+    def describe(self, n: int) -> str:
+        """What n of its samples are, for the report."""
+        ...
+
+    def more(self, n: int) -> str:
+        """What taking n more items did, for the report."""
+        ...
+
+
+@dataclass(frozen=True)
+class PromptFeed:
+    """Prompts the target answers greedily."""
+
+    prompts: str | Path
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    unit = "prompts"
+
+    def take(self, tgt: Target, start: int, stop: int, progress: bool) -> list[dict[str, Tensor]]:
+        found = read_prompts(self.prompts, limit=stop)[start:]
+        return _answer(tgt, found, self.max_new_tokens, progress) if found else []
+
+    def describe(self, n: int) -> str:
+        return f"{n} prompts ({self.prompts}) x {self.max_new_tokens} greedy tokens"
+
+    def more(self, n: int) -> str:
+        return f"answered {n} more prompts"
+
+
 @dataclass
 class Capture:
     """The target's states for some token sequences, recorded once and sliced for every hypothesis.
 
     Each sample: `input_ids` [T], `loss_mask` [T] (the positions measured), `states` [T, N+1, H]
     (index k = the residual stream entering decoder layer k, index N = the last layer's output
-    before the final norm) and `last_hidden` [T, H] (final-normed, what lm_head reads). A capture of
-    answers to prompts (`collect`) knows its prompts, so it can be `extended` by the next ones.
+    before the final norm) and `last_hidden` [T, H] (final-normed, what lm_head reads). A capture
+    that knows where its sequences came from (`feed`, `used` items of it) can be `extended` by the next ones.
     """
 
     target: Target
     samples: list[dict[str, Tensor]]
     source: str  # what the sequences are, for the report
     seconds: float
-    prompts: str | Path | None = None  # the prompt set answered (None: given tokens, nothing more to answer)
-    used: int = 0  # how many of its prompts, from the first
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    feed: Feed | None = None  # None: given tokens, nothing more to take
+    used: int = 0  # how many items of the feed, from the first
     _more: Capture | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -58,18 +96,16 @@ class Capture:
         return sum(self.sample_positions)
 
     def extended(self, progress: bool = True) -> Capture | None:
-        """This capture and the target's answers to as many more of its prompts (twice the answers),
-        or None where there are no more (given tokens, a prompt file used up). Kept: a capture that
-        several diagnoses share is extended once."""
-        if self._more is None and self.prompts is not None:
-            more = read_prompts(self.prompts, limit=2 * self.used)[self.used:]
-            if more:
-                t0 = time.perf_counter()
-                samples = _answer(self.target, more, self.max_new_tokens, progress)
-                total = self.used + len(more)
-                self._more = Capture(self.target, self.samples + samples,
-                                     _source(len(self.samples) + len(samples), self.prompts, self.max_new_tokens),
-                                     self.seconds + time.perf_counter() - t0, self.prompts, total, self.max_new_tokens)
+        """This capture and as many more of its feed's items (twice the samples), or None where there
+        are no more (given tokens, a prompt file or cache used up). Kept: a capture that several
+        diagnoses share is extended once."""
+        if self._more is None and self.feed is not None:
+            t0 = time.perf_counter()
+            samples = self.feed.take(self.target, self.used, 2 * self.used, progress)
+            if samples:
+                total = self.samples + samples
+                self._more = Capture(self.target, total, self.feed.describe(len(total)),
+                                     self.seconds + time.perf_counter() - t0, self.feed, self.used + len(samples))
         return self._more
 
 
@@ -77,13 +113,15 @@ def collect(target: Target | str | Path | None = None, prompts: str | Path | Non
             limit: int = DEFAULT_LIMIT, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
             progress: bool = True) -> Capture:
     """Greedy answers to `limit` prompts (default: MT-bench) and every state of the target on them."""
-    t0 = time.perf_counter()
     tgt = target if isinstance(target, Target) else Target.load(target, dtype=torch.float32)
-    prompts = prompts or DEFAULT_PROMPTS
-    found = read_prompts(prompts, limit=limit)
-    samples = _answer(tgt, found, max_new_tokens, progress)
-    return Capture(tgt, samples, _source(len(samples), prompts, max_new_tokens), time.perf_counter() - t0,
-                   prompts, len(found), max_new_tokens)
+    return collect_from(tgt, PromptFeed(prompts or DEFAULT_PROMPTS, max_new_tokens), limit, progress)
+
+
+def collect_from(tgt: Target, feed: Feed, limit: int, progress: bool = True) -> Capture:
+    """The target's states on the first `limit` items of `feed`."""
+    t0 = time.perf_counter()
+    samples = feed.take(tgt, 0, limit, progress)
+    return Capture(tgt, samples, feed.describe(len(samples)), time.perf_counter() - t0, feed, len(samples))
 
 
 def _answer(tgt: Target, prompts: list[Prompt], max_new_tokens: int, progress: bool) -> list[dict[str, Tensor]]:
@@ -99,17 +137,18 @@ def _answer(tgt: Target, prompts: list[Prompt], max_new_tokens: int, progress: b
                 for s in open_shards(tmp)]
 
 
-def _source(n: int, prompts: str | Path, max_new_tokens: int) -> str:
-    return f"{n} prompts ({prompts}) x {max_new_tokens} greedy tokens"
+def states_on(tgt: Target, input_ids: Tensor, loss_mask: Tensor) -> dict[str, Tensor]:
+    """A capture sample of given tokens: every state of the target on them, `loss_mask` the positions measured."""
+    with torch.inference_mode():
+        out = tgt.forward(input_ids[None].to(tgt.model.device), range(tgt.num_layers + 1), with_logits=False)
+    T = input_ids.shape[0]
+    return {"input_ids": input_ids, "loss_mask": loss_mask.bool(),
+            "last_hidden": out.last_hidden[0].cpu(),  # measured on the CPU, wherever the target ran
+            "states": out.features[0].view(T, tgt.num_layers + 1, tgt.hidden_size).cpu()}
 
 
 def capture_tokens(tgt: Target, input_ids: Tensor, source: str) -> Capture:
     """Every state of the target on one given token sequence (an engine dump's); all positions measured."""
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = tgt.forward(input_ids[None].to(tgt.model.device), range(tgt.num_layers + 1), with_logits=False)
-    T = input_ids.shape[0]
-    sample = {"input_ids": input_ids, "loss_mask": torch.ones(T, dtype=torch.bool),
-              "last_hidden": out.last_hidden[0].cpu(),  # measured on the CPU, wherever the target ran
-              "states": out.features[0].view(T, tgt.num_layers + 1, tgt.hidden_size).cpu()}
+    sample = states_on(tgt, input_ids, torch.ones(input_ids.shape[0], dtype=torch.bool))
     return Capture(tgt, [sample], source, time.perf_counter() - t0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,24 +18,21 @@ from torch import Tensor
 from eyas.check import CheckReport, check_checkpoint, consumers
 from eyas.codes import slug_of, text_of
 from eyas.contract import DEFAULT_ROPE_THETA
-from eyas.doctor.caches import cache_dump, cache_notes, cache_section, has_model, measure_on_cache, open_for
-from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, capture_tokens, collect
+from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, has_model, measure_on_cache, open_for
+from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, collect, collect_from
 from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
 from eyas.data.dumps import read_dump
-from eyas.doctor.dumps import check_dump, dump_section
+from eyas.doctor.dumps import check_dump, dump_on_tokens, dump_section
 from eyas.doctor.measure import Measurer
 from eyas.doctor.search import search
 from eyas.doctor.serving import serving, serving_wirings
 from eyas.doctor.static import fc_skipped, hazards, join_problems, other_problems
 from eyas.doctor.stats import (ACCEPTANCE_ALPHA, ALPHA, ANSWERS_ALPHA, DEPTH, MIN_ANSWERS, MIN_DROP_KL,
-                               MIN_GAIN_LOGPROB, POWER, detectable, p_value, rounded)
+                               MIN_GAIN_LOGPROB, MIN_USABLE, POWER, detectable, p_value, rounded)
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
 from eyas.target import Target
 from eyas.target_ref import TargetRef
-
-if TYPE_CHECKING:
-    from eyas.data.caches import FeatureCache
 
 GROW = 2  # times the answers are doubled while positions and answers disagree (the default 8 -> 16 -> 32)
 
@@ -114,37 +111,51 @@ def _settled(cap: Capture, rep: CheckReport, cons: dict[str, dict[str, Any]], pa
         if more is None:
             break
         added = len(more.samples) - len(cap.samples)
-        notes.append(f"{_doubt(doubtful[0])}: answered {added} more prompts to settle it")
+        notes.append(f"{_doubt(doubtful[0])}: {more.feed.more(added)} to settle it")
         cap = more
-    notes += [f"{_doubt(r)}: not named a fault; other prompts, or more (--limit), would settle it" for r in doubtful]
+    unit = cap.feed.unit if cap.feed is not None else "sequences"
+    notes += [f"{_doubt(r)}: not named a fault; other {unit}, or more (--limit), would settle it" for r in doubtful]
     return m, cap, found, final, section
 
 
-def _states(capture: Capture | None, ref: TargetRef, prompts: str | Path | None, features: str | Path | None,
-            dump: tuple[Tensor, Tensor] | None, limit: int, max_new_tokens: int, progress: bool) -> Capture:
-    """The target's states to measure on: the dump's tokens when there is a dump (an engine's, or a
-    cache's first sample), else `capture`, else greedy answers to the prompts."""
+def _states(capture: Capture | None, ref: TargetRef, prompts: str | Path | None, feed: CacheFeed | None,
+            limit: int, max_new_tokens: int, progress: bool) -> Capture:
+    """The target's states to measure every wiring on: the first `limit` samples of a cache (`feed`),
+    else `capture`, else greedy answers to the prompts."""
     tgt = capture.target if capture is not None else Target.load(ref, dtype=torch.float32)
-    if dump is None:
-        return capture or collect(tgt, prompts, limit=limit, max_new_tokens=max_new_tokens, progress=progress)
-    check_dump(dump, tgt, features)
-    what = "engine dump" if Path(features).is_file() else "the first sample of feature cache"
-    return capture_tokens(tgt, dump[0], f"the {dump[0].shape[0]} tokens of {what} {features}")
+    if feed is not None:
+        return collect_from(tgt, feed, limit, progress)
+    return capture or collect(tgt, prompts, limit=limit, max_new_tokens=max_new_tokens, progress=progress)
 
 
 def _features(features: str | Path | None, data_format: str | None, ref: TargetRef, report: dict[str, Any],
-              layers: tuple[int, ...], draft: Path, at_hand: bool
-              ) -> tuple[tuple[Tensor, Tensor] | None, FeatureCache | None]:
-    """`--features` read: an engine dump (a file) or a trainer's cache (a folder, opened once and
-    described in the report). Returns the dump to match (None without features) and the cache."""
+              layers: tuple[int, ...], draft: Path, at_hand: bool, max_new_tokens: int
+              ) -> tuple[tuple[Tensor, Tensor] | None, CacheFeed | None]:
+    """`--features` read: an engine dump (a file, checked against the target before anything loads)
+    or a trainer's cache (a folder, opened once and described in the report). Returns the dump to
+    match (None without features; a cache's first sample measured) and, for a cache, the feed of
+    its samples."""
     if features is None:
         return None, None
     if not Path(features).is_dir():
-        return read_dump(features), None
+        dump = read_dump(features)
+        check_dump(dump, ref, features)
+        return dump, None
     cache = open_for(features, data_format, ref)
     report["cache"] = cache_section(cache.info)
     report["notes"] += cache_notes(cache.info, at_hand, layers, draft)
-    return cache_dump(cache), cache
+    feed = CacheFeed(cache, max_new_tokens)
+    return (feed.first() if at_hand else None), feed
+
+
+def _dump(m: Measurer, cap: Capture, feed: CacheFeed | None, dump: tuple[Tensor, Tensor], final: Wiring,
+          path: Path, ckpt: Checkpoint) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """The dump matched: a cache's first sample on the search's own measurer (it is that sample), an
+    engine dump on the target's states over its own tokens (one sequence: the wirings were measured
+    on answers, which the positions of one sequence cannot stand for)."""
+    if feed is None:
+        return dump_on_tokens(ckpt, cap.target, dump, path, final)
+    return dump_section(m, final, dump[1], path, ckpt)
 
 
 def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:
@@ -154,21 +165,32 @@ def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:
     return rounded(detectable(sds, positions, first[0]["tests"])) if first else None
 
 
-def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, limit: int | None, dump: bool) -> list[str]:
-    """What limits the measurement: how large a fault an `ok` could have missed (and how much data
-    halves that), or a draft that accepts nothing under any wiring."""
-    notes, mde = [], section["detectable_logprob"]
-    if not found and mde is not None:
-        more = ("a dump four times as long" if dump else "four times the prompts" if limit is None
-                else f"--limit {4 * limit}")
-        notes.append(f"no fault found over {cap.positions} positions: a wiring that raises the draft's mean "
-                     f"log-probability of the target's tokens by {mde:.3f} nats or more would have been found "
-                     f"({POWER:.0%} power); smaller faults can hide, and {more} halves what can")
-    best = max([r["acceptance_depth1"] or 0 for r in section["hypotheses"]]
+def _best_depth1(section: dict[str, Any]) -> float:
+    """The highest depth-1 acceptance under any wiring measured, the contract's included."""
+    return max([r["acceptance_depth1"] or 0 for r in section["hypotheses"]]
                + [section["trained_for"]["acceptance_depth1"] or 0])
-    if best < 0.05:
-        notes.append("depth-1 acceptance is below 0.05 under every wiring tried: untrained weights, a draft "
-                     "for another target, or a fault the doctor does not test")
+
+
+def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, withheld: list[str], limit: int | None
+                   ) -> list[str]:
+    """What limits the measurement: how large a fault an `ok` could have missed (and how much data
+    halves that), or a draft that accepts nothing under any wiring (its findings `withheld`)."""
+    notes, mde = [], section["detectable_logprob"]
+    if not found and not withheld and mde is not None:
+        unit = cap.feed.unit if cap.feed else "answers"
+        more = f"four times the {unit}" if limit is None else f"--limit {4 * limit}"
+        notes.append(f"no other wiring measured better over {cap.positions} positions: one that raises the "
+                     f"draft's mean log-probability of the target's tokens by {mde:.3f} nats or more would have "
+                     f"been found ({POWER:.0%} power); smaller faults can hide, and {more} halves what can")
+    if len(cap.samples) < MIN_ANSWERS:
+        notes.append(f"{len(cap.samples)} {cap.feed.unit if cap.feed else 'sequences'} measured: under {MIN_ANSWERS} "
+                     "the answers cannot confirm a preference the positions show (positions of one answer are not "
+                     f"independent), so positions decided alone; --limit {DEFAULT_LIMIT} or more lets them")
+    if _best_depth1(section) < MIN_USABLE:
+        notes.append(f"depth-1 acceptance is below {MIN_USABLE} under every wiring tried: untrained weights, a "
+                     "draft for another target, or a fault the doctor does not test" + (
+                         "; the wirings its weights measure better under are not named faults, random weights "
+                         f"lean somewhere: {'; '.join(withheld)}" if withheld else ""))
     return notes
 
 
@@ -209,12 +231,15 @@ def diagnose(
     """Diagnose the draft checkpoint at `drafter` (a folder) against `target` (None: the embedded default).
 
     Static findings always; measured findings on the target's greedy answers to `limit` prompts
-    (default MT-bench; up to 4x as many where positions and answers disagree, `_settled`), or on the tokens of an engine dump (`features`, docs/engine-dumps.md) or of a
-    trainer's feature cache (`features` a folder, `data_format` or detected: eyas.doctor.caches),
-    which is then also matched against the target's states. Without the target's full weights (a
-    cache judged by the target's final norm and lm_head alone) the draft is measured on the cache as
-    stored (`cache_measured`). The target runs on `device` (default cpu). `capture` (from `collect`) reuses recorded states
-    across calls (its target is used; `target` and `prompts` are then ignored). Returns the JSON
+    (default MT-bench), on the tokens of an engine dump (`features` a file, docs/engine-dumps.md), or
+    on the tokens of a trainer's feature cache's first `limit` samples (`features` a folder,
+    `data_format` or detected; each cut after `max_new_tokens` answer tokens: eyas.doctor.caches), whose
+    first sample is also matched against the target's states. Up to 4x as many prompts or samples
+    where positions and answers disagree (`_settled`). Without the target's full weights (a cache
+    judged by the target's final norm and lm_head alone) the draft is measured on the cache as
+    stored (`cache_measured`). The target runs on `device` (default cpu). `capture` (from `collect`)
+    reuses recorded states across calls (its target is used; `target` and `prompts` are then
+    ignored, and so are its states where `features` is a cache). Returns the JSON
     report: `verdict` ("ok" | "faulty"), `findings` (most likely first: {fault, title, evidence, fix,
     codes, acceptance_before, acceptance_after, tau_before, tau_after, source, ...}), `trained_for`,
     `static`, `hazards`, `consumers`, `measured`, `dump`, `notes`, `seconds`.
@@ -230,22 +255,27 @@ def diagnose(
     final = contract_wiring(ckpt.contract, ckpt.tensors, ref.num_layers)
     findings: list[dict[str, Any]] = []
     at_hand = capture is not None or has_model(ref)
-    dump, cache = _features(features, data_format, ref, report, final.layers, path, at_hand)
+    dump, feed = _features(features, data_format, ref, report, final.layers, path, at_hand, max_new_tokens)
     cannot = _cannot_measure(rep, ckpt, tcfg)
     why_not = cannot or (None if at_hand else f"the target's weights are not all in {ref.folder}")
     if why_not:
         report["notes"].append(f"not measured: {why_not}")
-        if cache is not None and not cannot:  # the draft runs: measure it on the cache as stored
-            report["cache_measured"] = measure_on_cache(path, cache, ref, layer_convention, limit)
+        if feed is not None and not cannot:  # the draft runs: measure it on the cache as stored
+            report["cache_measured"] = measure_on_cache(path, feed.cache, ref, layer_convention, limit)
     else:
-        cap = _states(capture, ref, prompts, features, dump, limit, max_new_tokens, progress)
+        cap = _states(capture, ref, prompts, feed, limit, max_new_tokens, progress)
         t1, answered = time.perf_counter(), cap.seconds
-        m, cap, findings, final, report["measured"] = _settled(cap, rep, cons, path, layer_convention, tcfg,
-                                                              progress, report["notes"])
-        report["notes"] += _measure_notes(cap, report["measured"], bool(findings),
-                                          None if capture is not None else cap.used, dump is not None)
-        if dump is not None:
-            dump_findings, report["dump"], dump_notes = dump_section(m, final, dump[1], Path(features), ckpt)
+        m, cap, findings, adopted, report["measured"] = _settled(cap, rep, cons, path, layer_convention, tcfg,
+                                                                progress, report["notes"])
+        withheld = [f["title"] for f in findings] if _best_depth1(report["measured"]) < MIN_USABLE else []
+        if withheld:  # the contract's wiring stands: nothing measured is evidence against it
+            findings, report["measured"]["trained_for"] = [], {"wiring": final.describe(), **m.measure(final).summary()}
+        else:
+            final = adopted
+        taken = None if capture is not None and feed is None else cap.used  # a shared capture: no --limit
+        report["notes"] += _measure_notes(cap, report["measured"], bool(findings), withheld, taken)
+        if dump is not None:  # an engine's, or the cache's first sample
+            dump_findings, report["dump"], dump_notes = _dump(m, cap, feed, dump, final, Path(features), ckpt)
             findings += dump_findings
             report["notes"] += dump_notes
         report["seconds"].update(capture=round(cap.seconds, 1),

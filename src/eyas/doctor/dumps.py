@@ -16,6 +16,7 @@ from torch import Tensor
 
 from eyas.contract import default_capture_layers
 from eyas.data.values import check_ids
+from eyas.doctor.capture import capture_tokens
 from eyas.doctor.findings import make_finding
 from eyas.doctor.hypotheses import block_fix, config_edits
 from eyas.doctor.measure import Measurer, SkipFcDrafter
@@ -26,11 +27,14 @@ from eyas.errors import FormatError
 from eyas.evaluate import target_greedy
 from eyas.formats import Checkpoint
 from eyas.target import Target
+from eyas.target_ref import TargetRef
 
 MATCH_COSINE = 0.95  # a dump chunk "is" a target state above this cosine and below this relative error
 MATCH_REL_ERROR = 0.3
 DUMP_ORDER = ("fc_skipped", "capture_layers", "concat_order", "normalized_features", "position_shift")
-def check_dump(dump: tuple[Tensor, Tensor], tgt: Target, path: str | Path) -> None:
+
+
+def check_dump(dump: tuple[Tensor, Tensor], tgt: TargetRef | Target, path: str | Path) -> None:
     """A dump from another target or tokenizer cannot be matched: say so instead of matching noise."""
     ids, feats = dump
     check_ids(ids, tgt.vocab_size, file=path, key="input_ids",
@@ -183,3 +187,11 @@ def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt:
                "chunks": matches, "acceptance_on_dump": None if on_dump is None else on_dump.summary(),
                "acceptance_on_correct_features": correct.summary()}
     return sorted(findings, key=lambda f: DUMP_ORDER.index(f["fault"])), section, notes
+
+
+def dump_on_tokens(ckpt: Checkpoint, target: Target, dump: tuple[Tensor, Tensor], path: Path, final: Wiring
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """`dump_section` for an engine dump: the target's states over the dump's own tokens (one forward),
+    the draft wired as `final` (the wiring its weights fit, or the contract's)."""
+    source = f"the {dump[0].shape[0]} tokens of engine dump {path}"
+    return dump_section(Measurer(ckpt, capture_tokens(target, dump[0], source)), final, dump[1], path, ckpt)

@@ -36,6 +36,9 @@ ACCEPTANCE_ALPHA = 0.05  # a wiring that loses acceptance at this one-sided leve
 ANSWERS_ALPHA = 0.05  # the measure that decides must lean the same way on the answers: sign test p below this
 # Fewer answers than this cannot reach ANSWERS_ALPHA even all agreeing (1/2^4 > 0.05): positions decide alone.
 MIN_ANSWERS = 5
+# A draft below this depth-1 acceptance under every wiring tried is trained for none of them: which wiring its
+# weights measure better under is their own leaning (random weights lean somewhere), not a fault.
+MIN_USABLE = 0.05
 
 
 @dataclass
@@ -196,7 +199,7 @@ def loses_acceptance(test: dict[str, Any]) -> bool:
 
 def answers_agree(test: dict[str, Any], suffix: str = "") -> bool:
     """The answers lean the way the positions do (`by_sample`'s sign test below ANSWERS_ALPHA), or
-    are too few to say (under MIN_ANSWERS: a dump is one sequence)."""
+    are too few to say (under MIN_ANSWERS: `--limit 4`, a cache of 4 samples)."""
     _, n = test[f"samples_favouring{suffix}"]
     return n < MIN_ANSWERS or test[f"p_samples{suffix}"] < ANSWERS_ALPHA
 

@@ -35,6 +35,7 @@ from eyas.engines.launch import engine_python, run_vllm
 from eyas.engines.predict import SampledPrediction, compare_drafts, output_fit, predict, predict_sampled
 from eyas.contract import default_capture_layers
 from eyas.errors import EyasError
+from eyas.formats import Checkpoint
 from eyas.intervals import FEW
 from eyas.target import Target
 
@@ -172,19 +173,22 @@ def _blame(control: dict[str, Any]) -> str:
             + _samples_text(control))
 
 
-def _doctor(draft_dir: Path, target: Target, dump: Path, progress: bool) -> dict[str, Any]:
-    """The doctor's dump analysis: which target states the engine fed, as findings with fixes."""
-    from eyas.doctor import diagnose
+def _doctor(ckpt: Checkpoint, target: Target, dump: Path) -> dict[str, Any]:
+    """The doctor's dump analysis: which target states the engine fed, against the contract's wiring
+    (what eyas predicted the engine would feed), as findings with fixes."""
+    from eyas.doctor import contract_wiring, read_dump
+    from eyas.doctor.dumps import check_dump, dump_on_tokens
 
-    rep = diagnose(draft_dir, target=target.path, features=dump, progress=progress)
-    found = [f for f in rep["findings"] if f.get("source") == "engine dump"]
-    return {"chunks": (rep.get("dump") or {}).get("chunks"),
+    fed = read_dump(dump)
+    check_dump(fed, target, dump)
+    final = contract_wiring(ckpt.contract, ckpt.tensors, target.num_layers)
+    found, section, _ = dump_on_tokens(ckpt, target, fed, dump, final)
+    return {"chunks": section["chunks"],
             "findings": [{"fault": f["fault"], "title": f["title"], "fix": f["fix"]} for f in found]}
 
 
 def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[str, Any], k: int, *,
-           engine_version: str, dump: Path | None, doctor: bool = True, progress: bool = True,
-           temperature: float = 0.0) -> dict[str, Any]:
+           engine_version: str, dump: Path | None, doctor: bool = True, temperature: float = 0.0) -> dict[str, Any]:
     """Served against predicted for one engine run of `draft_dir` (see the module docstring)."""
     rep = check_checkpoint(draft_dir, target=target.path)
     ckpt = rep.checkpoint
@@ -237,7 +241,7 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
         dump_result = dump_check(*read_dump(dump), target, layers)
     report["wiring"] = wiring_report(run.get("wiring") or {}, c, ckpt.tensors.get("d2t"), layers, dump_result)
     if dump_result is not None and not dump_result["matches"] and doctor:
-        report["doctor"] = _doctor(draft_dir, target, dump, progress)
+        report["doctor"] = _doctor(ckpt, target, dump)
     report["agree"] = acc_ok and report["wiring"]["agree"]
     if not report["agree"]:
         report["explanation"] = _explain(report, view)
@@ -297,7 +301,7 @@ def serve_check(
         t1 = time.perf_counter()
         taken = dump_path.is_file()
         report = assess(draft_dir, tgt, ids, result["runs"][0], draft_tokens, engine_version=result["version"],
-                        dump=dump_path if taken else None, progress=progress, temperature=temperature)
+                        dump=dump_path if taken else None, temperature=temperature)
         report["control"] = _control(tgt, ids, result["runs"][1], temperature) if temperature > 0 else None
         if report["control"] and report["samples"] and not report["samples"]["faithful"]:
             report["explanation"].append(_blame(report["control"]))
@@ -327,7 +331,7 @@ def serve_check_many(drafts: dict[str, Path], *, target: str | Path | None = Non
         for (name, d), run in zip(drafts.items(), result["runs"]):
             dump = Path(tmp, f"{name}.safetensors")
             out[name] = assess(Path(d).resolve(), tgt, ids, run, draft_tokens, engine_version=result["version"],
-                               dump=dump if dump.is_file() else None, doctor=name in doctor, progress=progress)
+                               dump=dump if dump.is_file() else None, doctor=name in doctor)
     return out
 
 
