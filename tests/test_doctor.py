@@ -619,6 +619,7 @@ def test_the_doctor_measures_a_cache_on_its_first_samples(healthy, target_dir, a
     assert rep["measured"]["data"].startswith("6 samples of feature cache")
     assert [c["layer"] for c in rep["dump"]["chunks"]] == LAYERS and rep["cache"]["format"] == "eyas"
     assert any("--limit 24 halves what can" in n for n in rep["notes"])
+    assert f"feature cache (its first sample) {answers_cache}:" in format_report(rep)
     deeper = tmp_path / "deeper"  # the same answers captured one layer deeper than the draft reads
     capture(Target.load(target_dir), _prompt_texts(12, seed=4), [k + 1 for k in LAYERS], deeper, max_new_tokens=24,
             dtype="float32", progress=False)

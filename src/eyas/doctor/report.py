@@ -28,8 +28,9 @@ def _measured(report: dict[str, Any]) -> list[str]:
              f"{_num(said['logprob'])}, {_num(said['acceptance_depth1'])}, {_num(said['tau5'], '.2f')})")]
 
 
-def _dump(d: dict[str, Any]) -> list[str]:
-    lines = ["", f"engine dump {d['path']}: {d['positions']} positions x {d['width']}"]
+def _dump(d: dict[str, Any], cached: bool) -> list[str]:
+    what = "feature cache (its first sample)" if cached else "engine dump"
+    lines = ["", f"{what} {d['path']}: {d['positions']} positions x {d['width']}"]
     lines += [f"  {chunk_text(c)}{'' if c['identified'] else ' (no match)'}" for c in d["chunks"]]
     on = d["acceptance_on_dump"]
     lines.append(f"  draft on the dump: depth-1 {_num(on['acceptance_depth1']) if on else 'cannot run'}; on "
@@ -76,7 +77,7 @@ def format_report(report: dict[str, Any]) -> str:
     if m:
         lines += _measured(report)
     if report["dump"]:
-        lines += _dump(report["dump"])
+        lines += _dump(report["dump"], report["cache"] is not None)
     if report.get("cache_measured"):
         lines += _on_cache(report["cache"], report["cache_measured"])
     if report["hazards"]:
