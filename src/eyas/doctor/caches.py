@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,21 +50,26 @@ def open_for(path: str | Path, data_format: str | None, ref: TargetRef) -> Featu
     return cache
 
 
-@dataclass(frozen=True)
 class CacheFeed:
     """A cache's samples as the doctor's sequences (eyas.doctor.capture.Feed): the target's own states
     on each sample's tokens, measured at its loss-mask positions. A sample is cut after its first
     `answer_tokens` of them: the states of a prefix are the same as in the whole sequence, and a
     conversation of thousands of tokens then costs what one answer to a prompt does (at an 8B target
-    a full 4096-token sample would hold 2 GB of fp32 states)."""
+    a full 4096-token sample would hold 2 GB of fp32 states). The cache is read once, front to back,
+    however often more samples are taken; the cut samples are kept (their stored features are 3 of
+    the target's N+1 states)."""
 
-    cache: FeatureCache
-    answer_tokens: int
     unit = "samples of the cache"
+
+    def __init__(self, cache: FeatureCache, answer_tokens: int) -> None:
+        self.cache, self.answer_tokens = cache, answer_tokens
+        self._unread = self._cut()
+        self._cut_so_far: list[dict[str, Tensor]] = []
 
     def windows(self, start: int, stop: int) -> list[dict[str, Tensor]]:
         """Samples start..stop-1 of those with a position to measure, cut as the class says."""
-        return list(itertools.islice(self._cut(), start, stop))
+        self._cut_so_far += itertools.islice(self._unread, max(0, stop - len(self._cut_so_far)))
+        return self._cut_so_far[start:stop]
 
     def _cut(self) -> Iterator[dict[str, Tensor]]:
         for s in self.cache:

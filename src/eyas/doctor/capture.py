@@ -95,6 +95,11 @@ class Capture:
         """Chain starts measured in all samples."""
         return sum(self.sample_positions)
 
+    @property
+    def unit(self) -> str:
+        """What its sequences are called in the report: its feed's items, or given sequences."""
+        return self.feed.unit if self.feed is not None else "sequences"
+
     def extended(self, progress: bool = True) -> Capture | None:
         """This capture and as many more of its feed's items (twice the samples), or None where there
         are no more (given tokens, a prompt file or cache used up). Kept: a capture that several

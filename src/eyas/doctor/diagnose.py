@@ -113,8 +113,8 @@ def _settled(cap: Capture, rep: CheckReport, cons: dict[str, dict[str, Any]], pa
         added = len(more.samples) - len(cap.samples)
         notes.append(f"{_doubt(doubtful[0])}: {more.feed.more(added)} to settle it")
         cap = more
-    unit = cap.feed.unit if cap.feed is not None else "sequences"
-    notes += [f"{_doubt(r)}: not named a fault; other {unit}, or more (--limit), would settle it" for r in doubtful]
+    notes += [f"{_doubt(r)}: not named a fault; other {cap.unit}, or more (--limit), would settle it"
+              for r in doubtful]
     return m, cap, found, final, section
 
 
@@ -171,22 +171,22 @@ def _best_depth1(section: dict[str, Any]) -> float:
                + [section["trained_for"]["acceptance_depth1"] or 0])
 
 
-def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, withheld: list[str], limit: int | None
-                   ) -> list[str]:
+def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, untrained: bool, withheld: list[str],
+                   limit: int | None) -> list[str]:
     """What limits the measurement: how large a fault an `ok` could have missed (and how much data
-    halves that), or a draft that accepts nothing under any wiring (its findings `withheld`)."""
+    halves that), too few answers, or a draft that accepts nothing under any wiring (`untrained`, its
+    findings `withheld`)."""
     notes, mde = [], section["detectable_logprob"]
     if not found and not withheld and mde is not None:
-        unit = cap.feed.unit if cap.feed else "answers"
-        more = f"four times the {unit}" if limit is None else f"--limit {4 * limit}"
+        more = f"four times the {cap.unit}" if limit is None else f"--limit {4 * limit}"
         notes.append(f"no other wiring measured better over {cap.positions} positions: one that raises the "
                      f"draft's mean log-probability of the target's tokens by {mde:.3f} nats or more would have "
                      f"been found ({POWER:.0%} power); smaller faults can hide, and {more} halves what can")
     if len(cap.samples) < MIN_ANSWERS:
-        notes.append(f"{len(cap.samples)} {cap.feed.unit if cap.feed else 'sequences'} measured: under {MIN_ANSWERS} "
+        notes.append(f"{len(cap.samples)} {cap.unit} measured: under {MIN_ANSWERS} "
                      "the answers cannot confirm a preference the positions show (positions of one answer are not "
                      f"independent), so positions decided alone; --limit {DEFAULT_LIMIT} or more lets them")
-    if _best_depth1(section) < MIN_USABLE:
+    if untrained:
         notes.append(f"depth-1 acceptance is below {MIN_USABLE} under every wiring tried: untrained weights, a "
                      "draft for another target, or a fault the doctor does not test" + (
                          "; the wirings its weights measure better under are not named faults, random weights "
@@ -267,13 +267,14 @@ def diagnose(
         t1, answered = time.perf_counter(), cap.seconds
         m, cap, findings, adopted, report["measured"] = _settled(cap, rep, cons, path, layer_convention, tcfg,
                                                                 progress, report["notes"])
-        withheld = [f["title"] for f in findings] if _best_depth1(report["measured"]) < MIN_USABLE else []
+        untrained = _best_depth1(report["measured"]) < MIN_USABLE
+        withheld = [f["title"] for f in findings] if untrained else []
         if withheld:  # the contract's wiring stands: nothing measured is evidence against it
             findings, report["measured"]["trained_for"] = [], {"wiring": final.describe(), **m.measure(final).summary()}
         else:
             final = adopted
         taken = None if capture is not None and feed is None else cap.used  # a shared capture: no --limit
-        report["notes"] += _measure_notes(cap, report["measured"], bool(findings), withheld, taken)
+        report["notes"] += _measure_notes(cap, report["measured"], bool(findings), untrained, withheld, taken)
         if dump is not None:  # an engine's, or the cache's first sample
             dump_findings, report["dump"], dump_notes = _dump(m, cap, feed, dump, final, Path(features), ckpt)
             findings += dump_findings

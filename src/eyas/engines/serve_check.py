@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from eyas.atomic import write_bytes
 from eyas.check import check_checkpoint, consumers
@@ -173,13 +174,12 @@ def _blame(control: dict[str, Any]) -> str:
             + _samples_text(control))
 
 
-def _doctor(ckpt: Checkpoint, target: Target, dump: Path) -> dict[str, Any]:
-    """The doctor's dump analysis: which target states the engine fed, against the contract's wiring
-    (what eyas predicted the engine would feed), as findings with fixes."""
-    from eyas.doctor import contract_wiring, read_dump
+def _doctor(ckpt: Checkpoint, target: Target, fed: tuple[Tensor, Tensor], dump: Path) -> dict[str, Any]:
+    """The doctor's dump analysis of `fed` (read from `dump`): which target states the engine fed,
+    against the contract's wiring (what eyas predicted the engine would feed), as findings with fixes."""
+    from eyas.doctor import contract_wiring
     from eyas.doctor.dumps import check_dump, dump_on_tokens
 
-    fed = read_dump(dump)
     check_dump(fed, target, dump)
     final = contract_wiring(ckpt.contract, ckpt.tensors, target.num_layers)
     found, section, _ = dump_on_tokens(ckpt, target, fed, dump, final)
@@ -238,10 +238,11 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
     if dump is not None and run.get("dump_positions"):
         from eyas.doctor import read_dump
 
-        dump_result = dump_check(*read_dump(dump), target, layers)
+        fed = read_dump(dump)
+        dump_result = dump_check(*fed, target, layers)
     report["wiring"] = wiring_report(run.get("wiring") or {}, c, ckpt.tensors.get("d2t"), layers, dump_result)
     if dump_result is not None and not dump_result["matches"] and doctor:
-        report["doctor"] = _doctor(ckpt, target, dump)
+        report["doctor"] = _doctor(ckpt, target, fed, dump)
     report["agree"] = acc_ok and report["wiring"]["agree"]
     if not report["agree"]:
         report["explanation"] = _explain(report, view)
