@@ -4,6 +4,7 @@ produced by some input here (one scenario per rule, run through the function tha
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -101,7 +102,8 @@ def parse_speculators_quirks(tmp_path):
     c = tiny_contract()
     cfg = speculators_config(c)
     del cfg["norm_before_residual"], cfg["transformer_layer_config"]["model_type"]
-    cfg["transformer_layer_config"]["rope_parameters"]["rope_theta"] = 5e5
+    cfg["transformer_layer_config"]["rope_parameters"].update(rope_theta=5e5, rope_type="dynamic", factor=2.0)
+    cfg["transformer_layer_config"]["rope_scaling"] = {"type": "linear", "factor": 2.0}
     return _read(_folder(tmp_path / "d", {"config.json": cfg}, random_tensors(c)))
 
 
@@ -239,8 +241,11 @@ def contract_rules(tmp_path):
 def check_folder(tmp_path):
     c = tiny_contract()
     path = _folder(tmp_path / "d", {"config.json": speculators_config(c)}, random_tensors(c))
+    shutil.copy(path / "model.safetensors", path / "pytorch_model.bin")  # read as the first layout: never loaded
+    found = _codes(check_checkpoint(path).warnings)
     (path / "model.safetensors").unlink()
-    return _codes(check_checkpoint(path).problems + check_checkpoint(path).warnings)
+    (path / "pytorch_model.bin").unlink()
+    return found | _codes(check_checkpoint(path).problems + check_checkpoint(path).warnings)
 
 
 def _mismatches(path, **kw) -> set[str]:
@@ -263,7 +268,9 @@ SCENARIOS = {  # scenario: the codes it must produce
     parse_no_ids: {"layer_ids_absent"},
     parse_nested_only: {"layer_ids_convention_assumed"},
     parse_top_nested_differ: {"layer_ids_top_nested_differ"},
-    parse_speculators_quirks: {"layer_type_absent", "norm_before_residual_absent", "rope_theta_conflict"},
+    parse_speculators_quirks: {
+        "layer_type_absent", "norm_before_residual_absent", "rope_theta_conflict", "rope_scaling_conflict",
+    },
     parse_fc_skipped: {"fc_skipped"},
     parse_published_quirks: {
         "layer_type_unknown", "dtype_conflict", "tie_word_embeddings", "consumer_ties_lm_head", "draft_not_runnable",
@@ -284,7 +291,7 @@ SCENARIOS = {  # scenario: the codes it must produce
         "target_context_longer", "target_architectures", "verifier_name_missing", "verifier_not_portable",
         "rope_theta_absent",
     },
-    check_folder: {"weights_missing", "target_not_given"},
+    check_folder: {"weights_missing", "target_not_given", "weights_layouts_several"},
     consumer_views: {
         "consumer_capture_default", "consumer_capture_layers", "consumer_norm_flags", "consumer_replaces_embeddings",
         "consumer_no_vocab_map", "consumer_builds_qwen3",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from safetensors.torch import save_file
 
 from conftest import LLAMA3_ROPE, random_tensors, tiny_contract
 from eyas.contract import Verifier
-from eyas.errors import ContractError, FormatError
+from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats import (
     IDS,
     convert_checkpoint,
@@ -122,6 +124,20 @@ def test_convert_reads_sharded_and_pickled_sources(tmp_path, layout):
     assert src.weight_files[0] in ("model.safetensors.index.json", "pytorch_model.bin")
     assert _same_tensors(out.tensors, t) and out.contract == src.contract
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_second_set_of_weights_is_named(tmp_path):
+    """An index beside a stale model.safetensors: eyas (and vLLM) read the index, transformers the single
+    file. Said once; a single file that the index itself lists as its shard is no second set."""
+    c = tiny_contract()
+    src = _save(tmp_path / "src", {"config.json": eagle_config(c)}, random_tensors(c), naming="eagle", layout="sharded")
+    save_file(from_canonical(random_tensors(c, seed=1), "eagle"), str(src / "model.safetensors"))
+    [w] = [w for w in read_checkpoint(src).warnings if w["code"] == "weights_layouts_several"]
+    assert "(model.safetensors.index.json, model.safetensors): eyas reads model.safetensors.index.json" in w["warning"]
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"] = dict.fromkeys(index["weight_map"], "model.safetensors")
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "weights_layouts_several" not in {w["code"] for w in read_checkpoint(src).warnings}
 
 
 def test_speculators_config_is_explicit_and_vllm_detectable():
@@ -592,6 +608,20 @@ def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr("eyas.atomic.os.replace", rename_fails)
-    with pytest.raises(OSError, match="rename failed"):
+    with pytest.raises(EyasError, match=r"d: cannot write it \(rename failed\)"):
         write_checkpoint(tmp_path / "d", c, t, "eagle", force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["d"] and (tmp_path / "d" / "keep.txt").read_text() == "old"
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_folder(tmp_path):
+    """The machine refuses a write (here a file-size limit, as a full disk or a quota would): one
+    `error:` line naming the file, exit 2, and neither the temp folder nor the parents made for DST."""
+    src, _ = _good(tmp_path)
+    dst = tmp_path / "new" / "parent" / "dst"
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))"  # configs fit, weights not
+    run = subprocess.run([sys.executable, "-c", f"{limit}; from eyas.cli import main; raise SystemExit(main())",
+                          "convert", str(src), str(dst), "--format", "eagle"], capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "model.safetensors: cannot write it" in errors[0] and "Traceback" not in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

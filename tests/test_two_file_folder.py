@@ -74,6 +74,53 @@ def test_a_disagreement_that_changes_the_draft_is_a_problem(two_files, capsys):
     assert "config_files_disagree_capture_layers" in [p["code"] for p in rep["problems"]]
 
 
+SILENT = {  # field: (what the speculators file drops, what the flat file then states)
+    "norm_before_residual": ((), {"norm_before_residual": True}),
+    "rms_norm_eps": (("transformer_layer_config", "rms_norm_eps"), {}),
+    "capture_layers": (("eagle_aux_hidden_state_layer_ids",), {"eagle_aux_hidden_state_layer_ids": [3, 15, 27]}),
+}
+
+
+@pytest.mark.parametrize("field", SILENT)
+def test_a_value_one_file_leaves_to_its_default_is_compared(two_files, field):
+    """One file states a value, the other is silent and so reads a default: a reader of either file
+    builds another draft. Not "agrees with", and convert refuses (it would keep the default)."""
+    spec, flat = (json.loads((two_files / n).read_text()) for n in ("config_speculators.json", "config.json"))
+    path, stated = SILENT[field]
+    (spec["transformer_layer_config"] if len(path) == 2 else spec).pop(path[-1] if path else field)
+    flat.update(stated)
+    flat["eagle_config"].update({k: v for k, v in stated.items() if k in flat["eagle_config"]})  # nested copies too
+    for name, cfg in (("config_speculators.json", spec), ("config.json", flat)):
+        (two_files / name).write_text(json.dumps(cfg))
+    ck = read_checkpoint(two_files)
+    found = [d for d in ck.disagreements if d["field"] == field]
+    assert found and found[0]["code"].startswith("config_files_disagree") and "write " in found[0]["fix"]
+    assert "agrees with" not in ck.reason
+    if field != "rms_norm_eps":  # 1e-6 vs 1e-5: rounding it is not
+        assert ck.problems
+        with pytest.raises(FormatError, match=field):
+            convert_checkpoint(two_files, two_files.parent / "out", "both")
+        assert not (two_files.parent / "out").exists()
+
+
+def test_equivalent_rope_spellings_agree(two_files):
+    """rope_scaling's legacy `type` key is `rope_type`, and {"rope_type": "default"} is no scaling."""
+    spec, flat = (json.loads((two_files / n).read_text()) for n in ("config_speculators.json", "config.json"))
+    yarn = {"factor": 4.0, "original_max_position_embeddings": 2048}
+    spec["transformer_layer_config"]["rope_scaling"] = {"rope_type": "yarn", **yarn}
+    spec["transformer_layer_config"].pop("rope_parameters", None)
+    flat.pop("rope_parameters", None)
+    flat["rope_scaling"] = {"type": "yarn", **yarn}
+    for name, cfg in (("config_speculators.json", spec), ("config.json", flat)):
+        (two_files / name).write_text(json.dumps(cfg))
+    assert not [d for d in read_checkpoint(two_files).disagreements if d["field"] == "rope_scaling"]
+    spec["transformer_layer_config"]["rope_scaling"], flat["rope_scaling"] = {"rope_type": "default"}, None
+    for name, cfg in (("config_speculators.json", spec), ("config.json", flat)):
+        (two_files / name).write_text(json.dumps(cfg))
+    ck = read_checkpoint(two_files)
+    assert not [d for d in ck.disagreements if d["field"] == "rope_scaling"] and ck.contract.rope_scaling is None
+
+
 def test_check_on_unreadable_weights_exits_2(tmp_path, capsys):
     c = tiny_contract(capture_layers=(2, 3, 5))
     write_checkpoint(tmp_path / "ck", c, random_tensors(c), "speculators")

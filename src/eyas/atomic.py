@@ -3,7 +3,9 @@
 One rule for every file eyas writes (checkpoints, configs, shards, manifests, logs, plots, caches):
 write into a temp file beside the destination, flush and fsync it, give it an ordinary mode
 (`mkstemp`/`mkdtemp` make private files; outputs follow the umask like any other file), rename it
-into place, then fsync the folder so the rename itself survives a power cut.
+into place, then fsync the folder so the rename itself survives a power cut. A write the machine
+refuses (a full disk, a quota, a file-size limit, a read-only or forbidden folder) is one `error:`
+line naming the file, and leaves nothing behind: not the temp file, nor folders made for it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
+
+from safetensors import SafetensorError
+
+from eyas.errors import EyasError
 
 
 def _umask() -> int:
@@ -44,9 +50,30 @@ def ordinary_modes(path: Path) -> None:
         path.chmod(0o666 & ~mask)
 
 
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """The machine's refusals to write `path` as the user's error (exit 2), not eyas's traceback.
+    safetensors reports them as a SafetensorError saying "I/O error"; any other is a bug, and rises."""
+    try:
+        yield
+    except FileExistsError:
+        raise
+    except (OSError, SafetensorError) as e:
+        if isinstance(e, SafetensorError) and "I/O error" not in str(e):
+            raise
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise EyasError(f"{path}: cannot write it ({why})",
+                        "free space on its disk, check the folder's permissions, or write somewhere else") from e
+
+
 def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """`write(f)` into a temp file beside `path`, then fsync and rename it over `path`."""
     path = Path(path)
+    with _writing(path):
+        return _write_atomic(path, write)
+
+
+def _write_atomic(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -82,17 +109,18 @@ def temp_file(path: str | Path) -> Iterator[Path]:
     on an error it is removed and `path` is untouched.
     """
     path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        fsync_path(tmp)
-        ordinary_modes(tmp)
-        os.replace(tmp, path)
-        fsync_path(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _writing(path):
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            fsync_path(tmp)
+            ordinary_modes(tmp)
+            os.replace(tmp, path)
+            fsync_path(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -102,18 +130,27 @@ def temp_folder(dst: str | Path, *, replace: bool = False) -> Iterator[Path]:
     With `replace`, an existing non-empty `dst` is moved aside first and removed only once the new
     folder is in place (if the final rename fails, the old folder is put back).
     """
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    dst, done = Path(dst), False
+    made = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]  # folders made for dst, innermost first
     try:
-        yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                fsync_path(f)
-        ordinary_modes(tmp)
-        _install(tmp, dst, replace)
+        with _writing(dst):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+        try:
+            yield tmp
+            with _writing(dst):
+                for f in tmp.rglob("*"):
+                    if f.is_file():
+                        fsync_path(f)
+                ordinary_modes(tmp)
+                _install(tmp, dst, replace)
+            done = True
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
+        for folder in [] if done else made:
+            with suppress(OSError):
+                folder.rmdir()
 
 
 def _install(tmp: Path, dst: Path, replace: bool) -> None:

@@ -51,6 +51,9 @@ CODES: dict[str, Code] = {
     ),
     "fc_skipped": _warning("fc_skipped", "eagle_config.use_aux_hidden_state is false: a reader honouring it skips fc"),
     "rope_theta_conflict": _warning("rope", "rope_theta and rope_parameters.rope_theta differ (transformers 4 vs 5)"),
+    "rope_scaling_conflict": _warning(
+        "rope", "rope_scaling and rope_parameters name different rope types (transformers 4 vs 5)"
+    ),
     "tensors_not_checked": _warning(None, "a lone config file was read: the weights were not checked"),
     # --- a folder's config files against each other (eyas.formats.compare) ---
     "config_files_disagree_capture_layers": _problem("config_file", "the config files name different capture layers"),
@@ -68,6 +71,7 @@ CODES: dict[str, Code] = {
     "config_files_disagree_verifier": _warning(None, "the config files name different verifiers"),
     # --- weights and tensors against the contract (eyas.formats.read, eyas.formats.validate) ---
     "weights_missing": _problem(None, "the folder holds no weights file"),
+    "weights_layouts_several": _warning(None, "weights in more than one layout: readers load different ones"),
     "layers_missing": _problem(None, "num_hidden_layers counts a decoder layer that is not stored"),
     "layers_extra": _problem(None, "a decoder layer is stored beyond num_hidden_layers"),
     "tensor_missing": _problem(None, "a tensor every draft has is missing"),

@@ -49,6 +49,14 @@ def find_weights(folder: Path) -> Path | None:
     return None
 
 
+def weight_layouts(folder: Path) -> list[str]:
+    """Every weights layout in `folder`, in the order eyas looks (the first is the one read); a file
+    that an index present lists as its shard is part of that index, not a layout of its own."""
+    present = [n for n in WEIGHT_LAYOUTS if (folder / n).is_file()]
+    listed = {f for n in present if n.endswith(".index.json") for f in _weight_map(folder / n).values()}
+    return [n for n in present if n not in listed]
+
+
 def weight_files(folder: Path) -> list[str]:
     """Every file that holds tensors (the index first, then its shards), as names relative to `folder`."""
     found = find_weights(folder)

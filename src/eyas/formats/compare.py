@@ -2,7 +2,8 @@
 
 Training pipelines export several configs side by side (`config.json`, `config_speculators.json`,
 `config_eagle.json`). All are read; one is used (speculators first: its layer ids are unambiguous);
-every field two files state differently is a finding graded by what it changes. Capture layers,
+every field two files read differently is a finding graded by what it changes, a field one file states
+and the other leaves to its default included (a reader of the silent file takes the default). Capture layers,
 norm flags, dimensions, vocab and rope change what the draft computes: a problem. The context length,
 an epsilon equal to 6 significant digits, or the recorded verifier do not: a warning.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas.codes import finding
+from eyas.contract import IDS
 from eyas.errors import FormatError
 from eyas.formats.parse import Parsed
 from eyas.formats.schema import CONFIG_NAMES, NORM_FLAGS
@@ -44,6 +46,7 @@ DISAGREEMENT_CODES: dict[str, str] = {
     "verifier_name": "config_files_disagree_verifier",
     "verifier_architectures": "config_files_disagree_verifier",
 }
+_IN_FILE = {"capture_layers": IDS, "layer_type": "model_type"}  # contract field -> the key a file writes
 _EPS_DIGITS = 6  # epsilons equal to this many significant digits are the same number, printed differently
 
 
@@ -84,22 +87,47 @@ def agreement(files: dict[str, str], used: str, disagreements: list[dict[str, st
 
 
 def disagreements(parsed: dict[str, Parsed], used: str, conv: str | None) -> list[dict[str, str]]:
-    """Every field that another config file states differently from `used`, as a graded finding."""
+    """Every field that another config file reads differently from `used` (one stating what the other leaves
+    to a default included), as a graded finding."""
     ref, out = parsed[used], []
     for name, p in parsed.items():
         if name == used:
             continue
         for key in sorted(set(p.fields) & set(ref.fields)):
-            if key in p.assumed or key in ref.assumed or p.fields[key] == ref.fields[key]:
-                continue
             a, b = p.fields[key], ref.fields[key]
+            if (key in p.assumed and key in ref.assumed) or _canonical(key, a) == _canonical(key, b):
+                continue
             if key in ("verifier_name", "verifier_architectures") and not (a and b):
                 continue
-            hint = f"fix the wrong file, or delete it (eyas prefers {used})"
-            if key == "capture_layers" and conv is None:
-                hint += "; if the eagle ids use another convention, pass --layer-convention input|output"
             text = f"{name} and {used} disagree on {key}: {a!r} ({p.origin[key]}) vs {b!r} ({ref.origin[key]})"
-            out.append(finding(_code(key, a, b), key, text, hint))
+            silent = name if key in p.assumed else used if key in ref.assumed else None
+            unresolved = key == "capture_layers" and None in (a, b)
+            out.append(finding(_code(key, a, b), key, text, _hint(key, used, silent, conv, unresolved)))
+    return out
+
+
+def _hint(key: str, used: str, silent: str | None, conv: str | None, unresolved: bool) -> str:
+    """How to settle a disagreement: state the value in the file that leaves it to a default (`silent`),
+    or fix the wrong file; for eagle layer ids, the other conventions; `unresolved`: capture layers left
+    to the engines' default of a target not given."""
+    if silent is not None:
+        hint = (f"write {_IN_FILE.get(key, key)} in {silent} too (a reader of {silent} takes the default), "
+                "or delete the file that is wrong")
+        return hint + ("; with --target eyas compares the engines' default for its layer count" if unresolved else "")
+    hint = f"fix the wrong file, or delete it (eyas prefers {used})"
+    if key == "capture_layers" and conv is None:
+        hint += "; if the eagle ids use another convention, pass --layer-convention input|output"
+    return hint
+
+
+def _canonical(key: str, value: Any) -> Any:
+    """A value as readers understand it, for comparing: rope_scaling's legacy `type` is `rope_type`
+    (transformers and vLLM read either)."""
+    if key != "rope_scaling" or not value:
+        return value
+    out = dict(value)
+    if "type" in out:
+        out.setdefault("rope_type", out.pop("type"))
     return out
 
 

@@ -135,10 +135,7 @@ def _read_rope(p: Parsed, src: dict, where: str) -> None:
     """rope_theta / rope_scaling (transformers 4) or rope_parameters (transformers 5); None when absent."""
     params = src.get("rope_parameters")
     params = {} if params is None else rope_dict(p.file, f"{where}rope_parameters", params)
-    p_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    p_type = p_scaling.get("rope_type", p_scaling.get("type", "default"))
-    if p_type == "default" and set(p_scaling) <= {"rope_type", "type"}:
-        p_scaling = {}  # plain rope: no scaling
+    p_scaling = _scaling({k: v for k, v in params.items() if k != "rope_theta"})
     theta = p.read(src, "rope_theta", rope_base, where=where, default=None)
     if theta is None and params.get("rope_theta") is not None:
         theta = float(params["rope_theta"])
@@ -153,18 +150,36 @@ def _read_rope(p: Parsed, src: dict, where: str) -> None:
         )
     scaling = src.get("rope_scaling")
     if scaling is not None:
-        scaling = rope_dict(p.file, f"{where}rope_scaling", scaling)
+        scaling = _scaling(rope_dict(p.file, f"{where}rope_scaling", scaling))
+    if scaling and p_scaling and _type(scaling) != _type(p_scaling):
+        p.warn(
+            "rope_scaling_conflict",
+            f"{where}rope_parameters",
+            f"{p.file}: {where}rope_scaling is {_type(scaling)!r} but rope_parameters is {_type(p_scaling)!r}; "
+            "eyas uses rope_scaling",
+            "make them agree: transformers 5 reads rope_parameters, transformers 4 rope_scaling",
+        )
     if scaling:
         p.set("rope_scaling", scaling, f"{p.file}: {where}rope_scaling")
     elif p_scaling:
         p.set("rope_scaling", p_scaling, f"{p.file}: {where}rope_parameters")
     else:
-        p.set(
-            "rope_scaling", None, f"none ({where}rope_scaling absent)", assumed="rope_scaling" not in src and not params
-        )
+        stated = "rope_scaling" in src or bool(params)
+        said = "plain rope" if stated else "absent"
+        p.set("rope_scaling", None, f"none ({where}rope_scaling {said})", assumed=not stated)
     used = p.fields["rope_scaling"] or {}
-    if used.get("rope_type", used.get("type")) == "mrope":  # 3-D positions: the drafter has 1-D rope only
+    if _type(used) == "mrope":  # 3-D positions: the drafter has 1-D rope only
         p.unrunnable.append(f"multimodal rope (rope type 'mrope', mrope_section {show(used.get('mrope_section'))})")
+
+
+def _type(scaling: dict) -> str:
+    """A rope scaling's type, under either key transformers reads."""
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def _scaling(scaling: dict) -> dict:
+    """A rope_scaling / rope_parameters dict without the theta; {} for plain rope (type default, nothing else)."""
+    return {} if _type(scaling) == "default" and set(scaling) <= {"rope_type", "type"} else scaling
 
 
 def _default_capture(p: Parsed, n_target: int | None, where: str) -> None:

@@ -22,7 +22,7 @@ from eyas.formats.compare import agreement, choose_config, config_paths, disagre
 from eyas.formats.parse import Parsed, load_json, parse_eagle, parse_speculators
 from eyas.formats.schema import LAYER_CONVENTIONS, detect_format
 from eyas.formats.validate import tensor_problems
-from eyas.weights import find_weights, read_tensors, to_canonical, weight_files, weight_naming
+from eyas.weights import find_weights, read_tensors, to_canonical, weight_files, weight_layouts, weight_naming
 
 
 @dataclass
@@ -105,6 +105,16 @@ def read_checkpoint(
             )
         )
     tensors, wfiles, naming = loaded or ({}, [], None)
+    if loaded and len(layouts := weight_layouts(path)) > 1:
+        warnings.append(
+            finding(
+                "weights_layouts_several",
+                "weights",
+                f"{path}: weights in {len(layouts)} layouts ({', '.join(layouts)}): eyas reads {layouts[0]}, other "
+                "readers pick another (transformers model.safetensors first, EAGLE's EaModel pytorch_model.bin)",
+                "keep one set of weights and delete the others (eyas convert writes one model.safetensors)",
+            )
+        )
     if loaded:
         origin["weight_naming"] = f"{wfiles[0]}: " + ("midlayer.*" if naming == "eagle" else "layers.0.*")
     contract = _build_contract(p, tensors if loaded else None, facts, origin)
