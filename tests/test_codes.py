@@ -194,6 +194,7 @@ def tensors_wrong(tmp_path):
         (c, _t(**{"extra.weight": torch.ones(2)})),  # tensor_unknown
         (c, _t(**{"layers.0.mlp.up_proj.weight": torch.ones(3, 64)})),  # tensor_shape
         (c, _t(**{"norm.weight": torch.ones(64, dtype=torch.int32)})),  # tensor_dtype
+        (c, _t(**{"fc.weight": _t()["fc.weight"].index_fill(1, torch.tensor([3]), float("nan"))})),  # tensor_not_finite
         (tiny_contract(layer_type="qwen3"), _t()),  # flag_tensor_missing
         (c, _t(tiny_contract(layer_type="qwen3"))),  # flag_tensor_unexpected
         (tiny_contract(norm_before_fc=True), _t()),  # feature_norm_missing
@@ -278,6 +279,7 @@ SCENARIOS = {  # scenario: the codes it must produce
     parse_config_alone: {"tensors_not_checked"},
     tensors_wrong: {
         "layers_missing", "layers_extra", "tensor_missing", "tensor_unknown", "tensor_shape", "tensor_dtype",
+        "tensor_not_finite",
         "flag_tensor_missing", "flag_tensor_unexpected", "feature_norm_missing", "feature_norm_unexpected",
         "feature_norm_shape", "fc_chunks", "fc_shape", "lm_head_shape", "embed_tokens_shape",
     },

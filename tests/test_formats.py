@@ -625,3 +625,18 @@ def test_a_full_disk_is_one_line_and_leaves_no_folder(tmp_path):
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model.safetensors: cannot write it" in errors[0] and "Traceback" not in run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_weights_that_are_not_finite_are_named_with_their_counts(tmp_path):
+    path, c = _good(tmp_path)
+    fc = random_tensors(c)["fc.weight"]
+    fc[0, :3], fc[1, 0] = float("nan"), float("-inf")
+    _tamper(path, c, {"fc.weight": fc, "norm.weight": torch.full((64,), float("inf"), dtype=torch.bfloat16)})
+    with pytest.raises(ContractError, match=r"fc.weight holds 3 nan and 1 inf of its 12288 values") as e:
+        read_checkpoint(path)
+    assert "model.safetensors" in str(e.value) and "training diverged" in e.value.hint
+    problems = read_checkpoint(path, strict=False).problems
+    assert [p["field"] for p in problems if p["code"] == "tensor_not_finite"] == ["fc.weight", "norm.weight"]
+    with pytest.raises(ContractError, match="fc.weight holds 3 nan"):
+        write_checkpoint(tmp_path / "out", c, random_tensors(c) | {"fc.weight": fc}, "eagle")
+    assert not (tmp_path / "out").exists()

@@ -78,6 +78,7 @@ CODES: dict[str, Code] = {
     "tensor_unknown": _problem(None, "a tensor no EAGLE-3 loader has"),
     "tensor_shape": _problem(None, "a decoder tensor's shape disagrees with the config's dimensions"),
     "tensor_dtype": _problem(None, "a weight is stored as integers or booleans, not floating point"),
+    "tensor_not_finite": _problem(None, "a weight holds nan or inf values (corrupt, or training diverged)"),
     "flag_tensor_missing": _problem(None, "a tensor the layer type or attention_bias adds is missing"),
     "flag_tensor_unexpected": _problem(None, "a tensor stored although the layer type or attention_bias excludes it"),
     "feature_norm_missing": _problem("norm_flags", "input_norm / fc_norm is missing although its flag is set"),

@@ -47,9 +47,9 @@ def write_self_prompts(target: Target, count: int, *, seed: int = 0, batch_size:
     """`count` user turns the target writes by continuing its own user header (sampled).
 
     Deterministic given the seed (and target, batch size, device): batch b samples with seed
-    `seed * 1_000_003 + b`. A turn counts when it ends with the end-of-turn token (not cut by
-    `max_new_tokens`) and holds no other special token, has `min_words` words, copies no evaluation
-    text and repeats no earlier turn.
+    `(seed * 1_000_003 + b) % 2**63` (so any seed up to 2**63 - 1 fits torch's; a small one is unchanged).
+    A turn counts when it ends with the end-of-turn token (not cut by `max_new_tokens`) and holds no
+    other special token, has `min_words` words, copies no evaluation text and repeats no earlier turn.
     Stops after 4x the batches `count` needs, returning what it found.
     """
     check_sizes(count, batch_size, max_new_tokens)
@@ -63,7 +63,7 @@ def write_self_prompts(target: Target, count: int, *, seed: int = 0, batch_size:
     device = target.model.device
     for b in range(4 * -(-count // batch_size)):
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            torch.manual_seed(seed * 1_000_003 + b)
+            torch.manual_seed((seed * 1_000_003 + b) % 2**63)
             turns = answer(target, [prefix] * batch_size, sampling)
         for r, ids in enumerate(turns):
             if not ids or ids[-1] not in eos or special & set(ids[:-1]):

@@ -48,7 +48,7 @@ def _flag_for(name: str) -> tuple[str, str] | None:
 
 
 def tensor_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> list[dict[str, str]]:
-    """Every way `tensors` (canonical names) contradict `c`: missing, unexpected, misshapen, bad vocab map."""
+    """Every way `tensors` (canonical names) contradict `c`: missing, unexpected, misshapen, nan/inf, bad vocab map."""
     expected = {n: s for n, s in expected_shapes(c).items() if n not in _VOCAB_MAP}  # vocab_map_problems' part
     stored_layers = {_layer_index(n) for n in tensors}
     out: list[dict[str, str]] = []
@@ -84,11 +84,30 @@ def tensor_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> list[
                         "store the weights as bfloat16, float16 or float32 (the header's dtype may be corrupt)",
                     )
                 )
+            elif (bad := not_finite(name, t)) is not None:
+                out.append(bad)
         elif _layer_index(name) in stored_layers or _layer_index(name) is None:
             out.append(_missing(name))
     mapped = set(_VOCAB_MAP) if c.has_vocab_map else set()
     out += [_unexpected(n) for n in sorted(tensors.keys() - expected.keys() - mapped) if _is_unexpected(c, n)]
     return out + vocab_map_problems(c, tensors)
+
+
+def not_finite(name: str, t: torch.Tensor) -> dict[str, str] | None:
+    """The finding on a weight holding nan or inf (a run that diverged, a corrupt file): every draft
+    output it feeds is nan. One isfinite pass per tensor; the values are counted only when some are
+    not finite. Training checks its weights with it before it writes them (eyas.train.loop)."""
+    if t.dtype.itemsize == 1:  # float8: isfinite is not implemented for every kind
+        t = t.float()
+    if bool(torch.isfinite(t).all()):
+        return None
+    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+    return finding(
+        "tensor_not_finite",
+        name,
+        f"{name} holds {nan} nan and {inf} inf of its {t.numel()} values",
+        "the weights are corrupt or training diverged: retrain or restore them",
+    )
 
 
 def _is_unexpected(c: DraftContract, name: str) -> bool:

@@ -20,9 +20,10 @@ def plan_epoch(lengths: list[int], batch_tokens: int, seed: int, epoch: int, min
     A batch takes whole samples while they fit in `batch_tokens` (a longer sample is a batch of
     its own) and at least `min_samples` (the number of processes, so every rank gets one).
     A short last batch is merged into the one before. The plan depends only on the arguments, so a
-    resumed run finds its place by (epoch, batch index).
+    resumed run finds its place by (epoch, batch index). The epoch's seed is taken modulo 2**63, so
+    every --seed up to 2**63 - 1 works and a small one shuffles as it always did.
     """
-    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    g = torch.Generator().manual_seed((seed * 100_003 + epoch) % 2**63)
     batches: list[list[int]] = []
     current, tokens = [], 0
     for i in torch.randperm(len(lengths), generator=g).tolist():

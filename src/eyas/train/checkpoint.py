@@ -10,6 +10,7 @@ records past its checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -51,14 +52,16 @@ class RunFiles:
 
 def refuse_old_run(files: RunFiles) -> None:
     """A fresh run never writes over another run's files."""
-    found = [p.name for p in (files.checkpoints, files.draft, files.log) if p.exists()]
+    found = [p.name for p in (files.checkpoints, files.draft, files.log, files.curves) if p.exists()]
     if found:
         raise EyasError(f"{files.out} already holds a training run ({', '.join(found)})",
                         "pass --resume to continue it, or choose a new --out")
 
 
-def prepare(files: RunFiles, resumed_step: int | None) -> None:
-    """Make the checkpoint folder, drop temp files of a killed write, and start or trim the log."""
+def prepare(files: RunFiles, resumed_step: int | None) -> list[Path]:
+    """Make the checkpoint folder, drop temp files of a killed write, and start or trim the log.
+    Returns the folders it made, innermost first (`forget_run` removes them)."""
+    made = list(itertools.takewhile(lambda p: not p.exists(), [files.checkpoints, *files.checkpoints.parents]))
     files.checkpoints.mkdir(parents=True, exist_ok=True)
     for tmp in files.checkpoints.glob(".step_*.tmp"):  # a checkpoint write that was killed
         tmp.unlink()
@@ -66,6 +69,18 @@ def prepare(files: RunFiles, resumed_step: int | None) -> None:
         _truncate_log(files.log, resumed_step)
     elif files.log.exists():
         files.log.unlink()
+    return made
+
+
+def forget_run(files: RunFiles, made: list[Path]) -> None:
+    """Remove what a run that stopped before its first checkpoint wrote: its log, then the folders
+    `prepare` made (each only when empty), so that a rerun into the same --out is not refused as an
+    old run. Its log is its own: a fresh run starts without one, and `prepare` drops the log of a
+    resumed run that found no checkpoint. A folder that was there before the run is never removed."""
+    files.log.unlink(missing_ok=True)
+    for folder in made:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:

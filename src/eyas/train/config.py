@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +47,8 @@ class TrainConfig:
                              metavar="DRAFT")
     draft_vocab: int | None = _knob(None, "draft vocab size: the most frequent answer tokens "
                                           "(default: the target's full vocab, no d2t/t2d)", metavar="N")
-    ttt_steps: int = _knob(7, "draft steps unrolled per position in training-time test (as EAGLE and SpecForge)",
-                           metavar="N")
+    ttt_steps: int = _knob(7, "draft steps unrolled per position in training-time test (as EAGLE and SpecForge); "
+                              "at most the longest sample's draft positions are unrolled", metavar="N")
     step_decay: float = _knob(0.8, "weight of TTT step j's loss is step_decay**j (EAGLE, SpecForge)", metavar="X")
     lr: float = _knob(1e-4, "peak learning rate (SpecForge's default)")
     warmup: int | None = _knob(None, "linear warmup steps (default: 1.5% of the run, SpecForge's warmup_ratio)",
@@ -98,6 +100,28 @@ def data_folders(config: TrainConfig) -> list[str]:
     return [f for f in config.data.split(",") if f]
 
 
+# the range of each float knob; every float knob must be finite too
+_FLOAT_RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "lr": ("> 0", lambda v: v > 0),
+    "step_decay": ("> 0", lambda v: v > 0),
+    "grad_clip": ("> 0", lambda v: v > 0),
+    "weight_decay": (">= 0", lambda v: v >= 0),
+    "eval_fraction": ("in [0, 1)", lambda v: 0 <= v < 1),
+}
+
+
+def _float_problems(c: TrainConfig) -> list[str]:
+    """Every float knob finite and in its range: an inf --lr, --weight-decay, --step-decay or --grad-clip
+    passes `> 0`, trains without an error and exports a draft whose every weight is inf or nan."""
+    bad = []
+    for f in dataclasses.fields(TrainConfig):
+        if _flag_type(f.name) is float:
+            value, (rule, ok) = getattr(c, f.name), _FLOAT_RANGES[f.name]
+            if not (math.isfinite(value) and ok(value)):
+                bad.append(f"{f.name}={value} (must be finite and {rule})")
+    return bad
+
+
 def check_config(c: TrainConfig) -> None:
     """Refuse impossible settings before anything is read or written, naming every one."""
     bad = []
@@ -110,11 +134,7 @@ def check_config(c: TrainConfig) -> None:
         bad.append(f"max_steps={c.max_steps} (must be >= 1)")
     if c.draft_vocab is not None and c.draft_vocab < 1:
         bad.append(f"draft_vocab={c.draft_vocab} (must be >= 1)")
-    if not (c.lr > 0 and c.step_decay > 0 and c.grad_clip > 0 and c.weight_decay >= 0):
-        bad.append(f"lr={c.lr}, step_decay={c.step_decay}, grad_clip={c.grad_clip} must be > 0, "
-                   f"weight_decay={c.weight_decay} >= 0")
-    if not 0 <= c.eval_fraction < 1:
-        bad.append(f"eval_fraction={c.eval_fraction} (must be in [0, 1))")
+    bad += _float_problems(c)
     if c.save_every < 0 or (c.eval_every is not None and c.eval_every < 0) or (c.warmup is not None and c.warmup < 0):
         bad.append("save_every, eval_every and warmup must be >= 0")
     if not data_folders(c):

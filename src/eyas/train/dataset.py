@@ -57,15 +57,25 @@ def same_capture_layers(captures: list[CapturedData]) -> list[int]:
 
 
 def load_samples(data: CapturedData, max_len: int) -> list[dict[str, Tensor]]:
-    """Unshifted samples cut to max_len + 1 tokens (max_len draft positions), with an answer left."""
-    samples = []
+    """Unshifted samples cut to max_len + 1 tokens (max_len draft positions), with an answer left.
+
+    None left is refused, saying whether the data has no answers or --max-len cut them all off (and
+    the --max-len that keeps the earliest answer)."""
+    samples, earliest = [], None
     for s in data:
-        s = {k: s[k][: max_len + 1] for k in ("input_ids", "loss_mask", "features", "last_hidden")}
-        if s["loss_mask"][2:].any():  # a draft label x_{t+2} inside the answer
-            samples.append(s)
-    if len(samples) < 1:
+        answer = s["loss_mask"][2:].nonzero()  # draft labels x_{t+2} inside the answer
+        if not len(answer):
+            continue
+        first = 2 + int(answer[0])  # kept when the cut (max_len + 1 tokens) reaches it
+        earliest = first if earliest is None else min(earliest, first)
+        if first <= max_len:
+            samples.append({k: s[k][: max_len + 1] for k in ("input_ids", "loss_mask", "features", "last_hidden")})
+    if earliest is None:
         raise EyasError(f"{data.folder}: no sample has answer tokens to train on",
                         "capture data with responses (eyas capture)")
+    if not samples:
+        raise EyasError(f"{data.folder}: --max-len {max_len} cuts off every sample's answer (the earliest "
+                        f"answer starts at token {earliest})", f"train with --max-len {earliest} or more")
     return samples
 
 

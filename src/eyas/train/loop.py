@@ -6,10 +6,12 @@ The run in steps (each a method of `_Run`):
                settings), without it a folder that already holds a run is refused
     data       the captures, refused when from another target, from the evaluation prompts or (resuming)
                at other layers; samples shifted once, a seeded held-out split
-    model      a fresh draft, a warm start from --init, or the resumed checkpoint's draft
+    model      a fresh draft, a warm start from --init, or the resumed checkpoint's draft; its TTT unroll
+               (--ttt-steps, cut to the longest sample: no later step has a label)
     optimiser  AdamW, warmup + cosine over the planned steps; a resumed run restores both and the RNGs
     step loop  global batch of ~batch_tokens -> this rank's share -> packed rows -> TTT loss, backward,
-               grad clip, step; a JSONL record per step; held-out eval and checkpoints on schedule
+               grad clip, step; a JSONL record per step; held-out eval and checkpoints on schedule; a loss,
+               gradient or weight that is not finite stops the run (one without a checkpoint leaves nothing)
     export     the draft in both formats (embeddings not saved), curves, the summary
 
 Under `torchrun --nproc_per_node=N -m eyas train ...` every process runs this; the process group comes
@@ -25,7 +27,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -34,6 +36,7 @@ from tqdm import tqdm
 
 from eyas.errors import EyasError
 from eyas.formats import write_checkpoint
+from eyas.formats.validate import not_finite
 from eyas.interrupt import on_signals
 from eyas.target import target_config
 from eyas.train.batches import pack_batch, plan_epoch, rank_share
@@ -42,6 +45,7 @@ from eyas.train.checkpoint import (
     append_log,
     checkpoint_path,
     config_dict,
+    forget_run,
     latest_checkpoint,
     load_state,
     plot_curves,
@@ -166,7 +170,7 @@ class _Run:
         self.draft: TrainDraft = draft.to(self.device)
         self.autocast = autocast_dtype(c)
         self.label_head = self.draft.lm_head.to(self.autocast or torch.float32)  # labels' matmul: training dtype
-        model: nn.Module = TTTUnroll(self.draft.drafter, c.ttt_steps, c.step_decay)
+        model: nn.Module = TTTUnroll(self.draft.drafter, self.unrolled_steps(), c.step_decay)
         if self.world_size > 1:  # buffers (d2t, t2d, shared embeddings) never change: no per-step broadcast
             with warnings.catch_warnings():  # torch 2.13 renames broadcast_buffers; torch 2.9 has only this name
                 warnings.simplefilter("ignore", FutureWarning)
@@ -175,6 +179,19 @@ class _Run:
                     broadcast_buffers=False,
                 )
         self.model = model
+
+    def unrolled_steps(self) -> int:
+        """--ttt-steps, cut (with a note on stderr) to the longest training sample's draft positions.
+
+        Step j at position t is graded on the label j positions on in the same sample, so no step
+        past the longest sample has a label: it changes neither the loss nor the gradient, yet each
+        one still holds a whole step's activations (1000 steps on 14-token samples took 4.4 GB).
+        """
+        steps, longest = self.config.ttt_steps, max(self.data.lengths)
+        if steps > longest and self.main:
+            print(f"note: --ttt-steps {steps} unrolls {longest} steps: no step past the longest training sample "
+                  f"({longest} draft positions, --max-len {self.config.max_len}) has a label", file=sys.stderr)
+        return min(steps, longest)
 
     def build_optimiser(self) -> None:
         c = self.config
@@ -196,8 +213,7 @@ class _Run:
 
     def step_loop(self) -> None:
         c = self.config
-        if self.main:
-            prepare(self.files, self.step if self.state else None)
+        self.made = prepare(self.files, self.step if self.state else None) if self.main else []
         eval_every = c.save_every if c.eval_every is None else c.eval_every
         bar = tqdm(total=self.total, initial=self.step, unit="step", desc="train", file=sys.stderr,
                    disable=not (c.progress and self.main))
@@ -237,10 +253,7 @@ class _Run:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.draft.drafter.parameters(), self.config.grad_clip))
         loss = float(report[0])
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            good = self.good_checkpoint
-            where = f"last good checkpoint: {good}" if good else "no checkpoint was written yet"
-            raise EyasError(f"training diverged at step {self.step + 1}: loss {loss}, grad norm {grad_norm} ({where})",
-                            "resume from that checkpoint with a lower --lr (or more --warmup), or check the data")
+            self.diverged(self.step + 1, f"loss {loss}, grad norm {grad_norm}")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -254,11 +267,30 @@ class _Run:
                 "positions_by_step": s[2].int().tolist(), "grad_norm": grad_norm, "tokens": tokens,
                 "tokens_per_s": tokens / (time.perf_counter() - t0), **self.hardware}
 
+    def diverged(self, step: int, what: str) -> NoReturn:
+        """Stop a run whose loss, gradient or weights are no longer finite. One that wrote no checkpoint
+        leaves nothing behind (`forget_run`): there is nothing to resume, and its folder would refuse a rerun."""
+        good = self.good_checkpoint
+        if good is None and self.main:
+            forget_run(self.files, self.made)
+        where = f"last good checkpoint: {good}" if good else f"no checkpoint was written; {self.files.out} is as before"
+        raise EyasError(f"training diverged at step {step}: {what} ({where})",  # --resume keeps the run's --lr
+                        "train again with a lower --lr (or more --warmup), or check the data")
+
+    def check_weights(self) -> None:
+        """Weights an update made inf or nan (an --lr of 1e308) after a finite loss: the run stops as
+        diverged rather than write them to a checkpoint, or (the last save precedes it) the draft."""
+        for name, weight in self.draft.drafter.named_parameters():
+            bad = not_finite(name, weight.detach())
+            if bad:
+                self.diverged(self.step, f"after the update, {bad['problem']}")
+
     def held_out_eval(self) -> None:
         self.last["eval"] = heldout_eval(self.draft.drafter, self.data.heldout, self.draft.lm_head, self.step)
         append_log(self.files.log, self.last["eval"])
 
     def save(self) -> Path:
+        self.check_weights()
         drafter = self.draft.drafter
         return save_state(self.files.checkpoints, self.step, {
             "epoch": self.epoch, "batch": self.batch_at, "world_size": self.world_size,

@@ -1,0 +1,127 @@
+"""eyas train on inputs at the edges: float knobs that are not finite, updates that overflow the weights,
+--ttt-steps past the data, seeds up to 2**63 - 1, a --max-len that cuts off every answer.
+
+Runs on the tiny chat target of test_train (a smaller capture: 6 prompts, 8 answer tokens each).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.data import capture
+from eyas.data.self_written import write_self_prompts
+from eyas.errors import EyasError
+from eyas.formats import read_checkpoint
+from eyas.target import Target, target_config
+from eyas.train import plan_epoch, train
+from eyas.train.dataset import load_training_data
+from test_train import LAYERS, config, env, flags, log_records, prompts
+from test_train import target_dir  # noqa: F401 (module fixture: the tiny chat target)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def captured(target_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("capture") / "data"
+    capture(Target.load(target_dir), prompts(6), LAYERS, out, max_new_tokens=8, dtype="float32", progress=False)
+    return out
+
+
+@pytest.mark.parametrize("knob", ["lr", "weight_decay", "step_decay", "grad_clip", "eval_fraction"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_float_knobs_that_are_not_finite_are_refused(target_dir, captured, tmp_path, knob, value):
+    out = tmp_path / "run"
+    with pytest.raises(EyasError, match=rf"{knob}={value} \(must be finite") as e:
+        train(config(captured, out, target_dir, **{knob: value}))
+    assert e.value.hint and not out.exists()
+
+
+def test_an_infinite_lr_on_the_command_line_is_one_line_exit_2(target_dir, captured, tmp_path):
+    c = config(captured, tmp_path / "run", target_dir)
+    run = subprocess.run([sys.executable, "-m", "eyas", "train", *flags(c), "--lr", "inf"], env=env(),
+                         capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == [
+        "error: invalid training settings: lr=inf (must be finite and > 0)"]
+    assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
+
+
+def test_weights_an_update_overflows_are_never_written(target_dir, captured, tmp_path):
+    """lr 1e308 is finite, and so is step 1's loss (taken before the update), but the update makes the
+    weights inf: the run stops as diverged before its checkpoint and draft, and leaves nothing."""
+    out = tmp_path / "new" / "run"
+    with pytest.raises(EyasError, match=r"diverged at step 1: after the update, .* inf of its") as e:
+        train(config(captured, out, target_dir, lr=1e308, max_steps=1))
+    assert "no checkpoint was written" in str(e.value) and "lower --lr" in e.value.hint
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # out and the parent made for it are gone
+
+
+def test_a_diverged_run_without_a_checkpoint_leaves_its_folder_as_it_was(target_dir, captured, tmp_path):
+    """Diverged at step 2 (lr 1e30: step 1's weights are finite and huge) with no checkpoint due: the
+    log and checkpoints/ it wrote go, a --out that was there before stays, and a rerun is not refused."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(EyasError, match="diverged at step 2"):
+        train(config(captured, out, target_dir, lr=1e30, max_steps=5, save_every=0))
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert train(config(captured, out, target_dir, max_steps=1))["steps"] == 1  # not refused as an old run
+
+
+def test_a_diverged_run_keeps_what_a_checkpoint_was_written_for(target_dir, captured, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(EyasError, match="diverged at step 2"):
+        train(config(captured, out, target_dir, lr=1e30, max_steps=5, save_every=1))
+    assert (out / "checkpoints" / "step_00000001.pt").is_file() and len(log_records(out)) == 1
+
+
+def test_ttt_steps_past_the_longest_sample_unroll_only_the_steps_with_labels(target_dir, captured, tmp_path,
+                                                                             capsys):
+    longest = max(load_training_data(config(captured, tmp_path / "x", target_dir, max_len=20)).lengths)
+    assert longest <= 20
+    out = tmp_path / "run"
+    train(config(captured, out, target_dir, ttt_steps=60, max_len=20, max_steps=1))
+    assert [len(r["acc_by_step"]) for r in log_records(out)] == [longest]
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: --ttt-steps 60 unrolls {longest} steps: no step past the longest training sample "
+                     f"({longest} draft positions, --max-len 20) has a label"]
+    train(config(captured, tmp_path / "fits", target_dir, ttt_steps=5, max_len=20, max_steps=1))
+    assert "note:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", [10**15, 2**63 - 1])
+def test_any_seed_up_to_2_63_trains(target_dir, captured, tmp_path, seed):
+    summary = train(config(captured, tmp_path / "run", target_dir, seed=seed, max_steps=1, eval_fraction=0.2))
+    assert summary["steps"] == 1
+    assert read_checkpoint(tmp_path / "run" / "draft", verifier_config=target_config(target_dir))
+
+
+def test_self_written_prompts_take_any_seed_up_to_2_63(target_dir):
+    target, kw = Target.load(target_dir), dict(batch_size=4, max_new_tokens=8, min_words=1)
+    texts = [p.text for p in write_self_prompts(target, 2, seed=2**63 - 1, **kw)]
+    assert texts and texts == [p.text for p in write_self_prompts(target, 2, seed=2**63 - 1, **kw)]
+
+
+def test_epoch_seeds_of_small_seeds_are_unchanged():
+    lengths = [30, 5, 12, 40, 8, 20, 7]
+    for seed, epoch in [(0, 0), (3, 1), (12345, 7)]:
+        order = torch.randperm(7, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+        assert [i for b in plan_epoch(lengths, 10_000, seed, epoch) for i in b] == order
+    assert plan_epoch(lengths, 40, 2**63 - 1, 5) == plan_epoch(lengths, 40, 2**63 - 1, 5)
+
+
+def test_a_max_len_that_cuts_off_every_answer_says_so(target_dir, captured, tmp_path):
+    with pytest.raises(EyasError, match=r"--max-len 2 cuts off every sample's answer") as e:
+        load_training_data(config(captured, tmp_path / "run", target_dir, max_len=2))
+    shortest = int(e.value.hint.split("--max-len ")[1].split()[0])
+    assert e.value.hint == f"train with --max-len {shortest} or more" and shortest > 2
+    assert len(load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest)).train_set) >= 1
+    with pytest.raises(EyasError, match="cuts off every"):
+        load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest - 1))
