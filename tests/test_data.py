@@ -454,7 +454,7 @@ def test_prompt_longer_than_the_context_is_named(tmp_path, target):
     long = Prompt(" ".join(WORDS * 3), "long.txt line 7", "long.txt")
     with pytest.raises(EyasError, match=r"long.txt line 7: the prompt is \d+ tokens .* > 64") as e:
         run_capture(target, tmp_path / "out", prompts=[PROMPTS[0], long])
-    assert "skip_long" in e.value.hint
+    assert "(capture: --skip-long)" in e.value.hint
     assert not (tmp_path / "out").exists()  # nothing written on failure
     m = run_capture(target, tmp_path / "out", prompts=[PROMPTS[0], long, PROMPTS[1]], skip_long=True)
     assert [s["origin"] for s in m["skipped_prompts"]] == ["long.txt line 7"] and m["num_samples"] == 2

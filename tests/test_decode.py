@@ -471,6 +471,19 @@ def test_warp_matches_hugging_face():
         torch.testing.assert_close(ours, ref.softmax(-1))
 
 
+@pytest.mark.parametrize("t, p", [(1e-40, 1.0), (1e-300, 1.0), (5e-324, 0.9), (1.0, 1e-300), (1e-40, 1e-300)])
+def test_warp_extreme_settings_give_a_distribution(t, p):
+    """A temperature so small the quotient overflows is its limit (argmax, ties shared), and a
+    top_p below fp32's range still keeps the likeliest token: a distribution multinomial accepts."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.5, 0.1, 0.2, 0.3], [-7.0, -9.0, -8.0, -7.5]])
+    probs = warp_probs(logits, Sampling(t, top_p=p))
+    assert probs.isfinite().all()
+    one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    want = torch.tensor([[0.0, 0.5, 0.5, 0.0], *one_hot[1:]]) if p > 0.5 else one_hot  # top-p keeps one tie
+    torch.testing.assert_close(probs, want)
+    torch.multinomial(probs, 1)
+
+
 # --- refusals before any compute ----------------------------------------------------------------
 
 

@@ -207,3 +207,14 @@ def test_the_exact_tail_is_the_binomial_one_for_equal_chances():
         want = min(1.0, 2 * min(binom.cdf(c, n, q), binom.sf(c - 1, n, q)))
         assert count_tail([q] * n, c) == pytest.approx(want, rel=1e-9)
     assert count_tail([0.5] * 3, 4) == 0.0  # more than there were trials
+
+
+def test_the_engine_is_given_no_longer_a_context_than_the_targets(tiny, tmp_path):
+    """vLLM refuses a max_model_len beyond the model's: the tiny target's 64, not serve-check's 1024."""
+    from eyas.engines.serve_check import engine_job, prompt_ids
+
+    target, _ = tiny
+    assert engine_job(target, [[1, 2, 3]], [], 4)["max_model_len"] == 64
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello world\n" + "hello world " * 30 + "\n", encoding="utf-8")  # ~70 tokens: fits 1024 only
+    assert len(prompt_ids(target, prompts, 10, 4)) == 1

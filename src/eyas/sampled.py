@@ -39,6 +39,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from eyas.decode.sampling import scaled
 from eyas.errors import EyasError
 from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
 from eyas.shift import shift_for_draft
@@ -77,7 +78,7 @@ def target_probs(last_hidden: Tensor, lm_head: Tensor, temperature: float, cols:
     h = last_hidden.float()  # [R, H]
     logits = torch.cat([h @ lm_head[v:v + VOCAB_CHUNK].float().T for v in range(0, lm_head.shape[0], VOCAB_CHUNK)],
                        dim=1)  # [R, V]
-    return (logits / temperature).softmax(-1)[:, cols]
+    return scaled(logits, temperature).softmax(-1)[:, cols]
 
 
 def answer_depths(sample: dict, rows: Tensor) -> Tensor:
@@ -122,7 +123,7 @@ def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float,
         rows = rows.to(p.device) - first
         alpha = []
         for a in range(0, logits.shape[0], BLOCK):  # one block's fp32 q at a time
-            q = (logits[a:a + BLOCK].float() / temperature).softmax(-1)
+            q = scaled(logits[a:a + BLOCK].float(), temperature).softmax(-1)
             alpha.append(acceptance_probs(p[rows[a:a + BLOCK]], q, top_k))
         return torch.cat(alpha)
 

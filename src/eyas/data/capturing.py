@@ -107,8 +107,7 @@ def capture(
     shard_size = max(shard_size, batch_size)
     if device is not None:
         target.model.to(device)
-    limit = max_length or getattr(target.model.config, "max_position_embeddings", None)
-    prompt_ids, skipped = encode_prompts(target, prompts, max_new_tokens, limit, skip_long)
+    limit, prompt_ids, skipped = _encode_fitting(target, prompts, max_new_tokens, max_length, skip_long)
     plan = _plan(target, prompts, layers, dtype, shard_size, max_new_tokens, limit, skip_long,
                  dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
     manifest = start_manifest(out_dir, plan, skipped)  # refuses a folder holding another capture
@@ -155,10 +154,36 @@ def _feature_dtype(dtype: torch.dtype | str) -> torch.dtype:
         raise EyasError(f"feature dtype {dtype!r} is not supported", "use bfloat16, float16 or float32") from None
 
 
+def _encode_fitting(target: Target, prompts: Sequence[Prompt], max_new_tokens: int, max_length: int | None,
+                    skip_long: bool) -> tuple[int | None, list[list[int] | None], list[dict[str, Any]]]:
+    """The token limit, then `encode_prompts` under it; refused when every prompt is skipped.
+
+    `max_length` caps the target's context, never extends it: a longer sequence would reach
+    positions the target has none for. A capture with no prompt left is refused here, before
+    anything is written, rather than left as an empty capture that training refuses later.
+    """
+    context = getattr(target.model.config, "max_position_embeddings", None)
+    limit, set_by = context, f"the context of {target.name}"
+    if max_length is not None and (context is None or max_length < context):
+        limit, set_by = max_length, "the --max-length given"
+    ids, skipped = encode_prompts(target, prompts, max_new_tokens, limit, skip_long, set_by=set_by)
+    if prompts and len(skipped) == len(prompts):
+        raise EyasError(f"all {len(prompts)} prompts are too long: with max_new_tokens={max_new_tokens} none fits "
+                        f"in {limit} tokens, {set_by}; nothing to capture",
+                        "lower --max-new-tokens, or pass shorter prompts")
+    return limit, ids, skipped
+
+
 def encode_prompts(
-    target: Target, prompts: Sequence[Prompt], max_new_tokens: int, limit: int | None, skip_long: bool
+    target: Target, prompts: Sequence[Prompt], max_new_tokens: int, limit: int | None, skip_long: bool,
+    *, set_by: str | None = None,
 ) -> tuple[list[list[int] | None], list[dict[str, Any]]]:
-    """Chat-templated token ids per prompt (None where skipped), and the skipped prompts."""
+    """Chat-templated token ids per prompt (None where skipped), and the skipped prompts.
+
+    `set_by` says where `limit` came from, for the error (default: the target's context). The
+    error is shown by every verb that answers prompts, so its hint names CLI flags, and
+    --skip-long as capture's alone.
+    """
     tok = target.tokenizer
     if not getattr(tok, "chat_template", None):
         raise FormatError(
@@ -179,8 +204,8 @@ def encode_prompts(
             raise EyasError(
                 f"{p.origin}: the prompt is {len(row)} tokens with the chat template; with "
                 f"max_new_tokens={max_new_tokens} it needs {len(row) + max_new_tokens} > {limit}, "
-                f"the context of {target.name}",
-                "shorten or remove it, lower max_new_tokens, or skip such prompts (skip_long)",
+                f"{set_by or f'the context of {target.name}'}",
+                "shorten or remove it, lower --max-new-tokens, or drop such prompts (capture: --skip-long)",
             )
         skipped.append({"index": i, "origin": p.origin, "tokens": len(row)})
         ids[i] = None
@@ -223,7 +248,7 @@ def _capture_samples(target: Target, prompt_ids: list[list[int]], layers: list[i
     out: list[dict[str, torch.Tensor] | None] = [None] * len(prompt_ids)
     device = target.model.device
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        torch.manual_seed(sampling["seed"] + seed_offset)  # a resumed shard samples as it would have
+        torch.manual_seed((sampling["seed"] + seed_offset) % 2**63)  # a resumed shard samples as it would have
         for b in range(0, len(order), batch_size):
             batch = order[b : b + batch_size]
             answers = answer(target, [prompt_ids[i] for i in batch], sampling, lean=lean)

@@ -12,11 +12,33 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from eyas.data.shards import FORMAT as CAPTURE_FORMAT
 from eyas.data.values import check_tensors
 from eyas.errors import FormatError
 
 MIN_POSITIONS = 4
 _HINT = "a dump is a safetensors file with input_ids [T] (int64) and features [T, W]: see docs/engine-dumps.md"
+
+
+def check_dump_file(path: Path) -> None:
+    """FormatError when `path` cannot be a dump: not a regular file (a folder given with --data-format
+    eyas-dump; a pipe would block the read), or one shard of an `eyas capture` (its header says so).
+
+    A shard also holds input_ids and features, but several samples end to end (split by its
+    `offsets`): read as one dump, its samples would run together unnoticed. Both `eyas eval --data`
+    and `eyas doctor --features` read a file as a dump through here. An unreadable file passes: the
+    reader that opens it next names that.
+    """
+    if path.exists() and not path.is_file():
+        raise FormatError(f"{path}: not a regular file, so not a dump eyas reads", _HINT)
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # safetensors' own error types; reported by the caller's read
+        return
+    if meta.get("format") == CAPTURE_FORMAT:
+        raise FormatError(f"{path} is one shard of an eyas capture: pass its folder ({path.parent})",
+                          "an eyas capture is read whole, through its manifest.json")
 
 
 def read_dump(path: str | Path, *, vocab_size: int | None = None, hidden_size: int | None = None,
@@ -29,8 +51,11 @@ def read_dump(path: str | Path, *, vocab_size: int | None = None, hidden_size: i
     `vocab_size` and `hidden_size`, inside its vocabulary and a whole number of states wide, so
     that `eyas doctor` can refuse a bad dump before it loads the target. The doctor compares shifts
     t-1, t, t+1, so by default a dump needs `min_positions` (4).
+
+    A shard of an `eyas capture`, or what is not a regular file, is refused (`check_dump_file`).
     """
     path = Path(path)
+    check_dump_file(path)
     try:
         with safe_open(path, "pt") as f:
             t = {k: f.get_tensor(k) for k in f.keys()}

@@ -88,12 +88,7 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
     elif isinstance(source, str) and source in SOURCES:
         prompts, path = SOURCES[source](limit), None
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise FormatError(
-                f"prompt file {path} does not exist",
-                f"pass a .json/.jsonl/.txt file, or one of the packaged sets: {', '.join([*_PACKAGED, *SOURCES])}",
-            )
+        path = _prompt_file(source)
         prompts = _read_prompt_file(path, limit)
     if not prompts and limit != 0:
         raise FormatError(
@@ -111,7 +106,29 @@ def check_prompts(source: str | Path | None, *, limit: int | None = None) -> Non
     if isinstance(source, str) and source in _PACKAGED:
         packaged_file(source)
     elif not (isinstance(source, str) and source in SOURCES):
-        read_prompts(Path(source), limit=limit)
+        read_prompts(_prompt_file(source), limit=limit)  # a Path: never taken for a packaged set
+
+
+def _prompt_file(source: str | Path) -> Path:
+    """`source` as a prompt file that can be read, or a FormatError saying what it is instead.
+
+    Checked before Path() turns an empty string into "." (which then "does not exist"), and told
+    apart: missing, a folder, or something that is not a regular file (a device or a pipe).
+    """
+    path = Path(source)
+    if str(source) == "":
+        problem = "the prompt file is an empty path"
+    elif path.is_file():
+        return path
+    elif not path.exists():
+        problem = f"prompt file {path} does not exist"
+    elif path.is_dir():
+        problem = f"prompt file {path} is a folder, not a file"
+    else:
+        problem = f"prompt file {path} is not a regular file (a device, pipe or socket)"
+    raise FormatError(
+        problem, f"pass a .json/.jsonl/.txt file, or one of the packaged sets: {', '.join([*_PACKAGED, *SOURCES])}"
+    )
 
 
 def _read_prompt_file(path: Path, limit: int | None) -> list[Prompt]:

@@ -32,9 +32,10 @@ def warp_probs(logits: Tensor, s: Sampling) -> Tensor:
 
     Temperature, then top-k, then top-p, in the order Hugging Face `generate` applies them. The same
     warp is applied to the target (p) and to a chain draft (q): speculative sampling is exact for
-    any q, and a q shaped like p is accepted more often.
+    any q, and a q shaped like p is accepted more often. Every temperature > 0 and top_p in (0, 1]
+    gives a distribution: see `scaled` and the top-p step, which always keeps the likeliest token.
     """
-    logits = logits.float() / s.temperature
+    logits = scaled(logits.float(), s.temperature)
     if s.top_k > 0:
         kth = logits.topk(min(s.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -42,9 +43,28 @@ def warp_probs(logits: Tensor, s: Sampling) -> Tensor:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly likelier tokens
-        drop = torch.zeros_like(mass_before, dtype=torch.bool).scatter(-1, order, mass_before >= s.top_p)
+        beyond = mass_before >= s.top_p  # a top_p below fp32's smallest number compares as 0: all would go
+        beyond[..., 0] = False  # the likeliest token always stays, as in Hugging Face (min_tokens_to_keep=1)
+        drop = torch.zeros_like(mass_before, dtype=torch.bool).scatter(-1, order, beyond)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
+
+
+def scaled(logits: Tensor, temperature: float) -> Tensor:
+    """fp32 `logits / temperature`, or, in a row where that overflows, its limit as temperature -> 0.
+
+    A temperature small enough (1e-40, or one that rounds to 0 in fp32) sends the largest logit to
+    inf or NaN, and the softmax to NaN. Such a row becomes the limit the temperature approaches:
+    every bit of mass on the largest logit, shared among exact ties (0 there, -inf elsewhere).
+    Ordinary temperatures never overflow, so their values are the plain quotient, bit for bit.
+    """
+    out = logits / temperature
+    top = logits.amax(dim=-1, keepdim=True)
+    overflowed = ~(top / temperature).isfinite() & top.isfinite()  # a row's largest quotient is its top's
+    if not bool(overflowed.any()):  # every ordinary temperature: one small check, no [R, V] work
+        return out
+    limit = torch.zeros_like(logits).masked_fill(logits < top, float("-inf"))
+    return torch.where(overflowed, limit, out)
 
 
 def draw(probs: Tensor, s: Sampling) -> int:

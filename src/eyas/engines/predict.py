@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from eyas.decode.sampling import scaled
 from eyas.evaluate import sample_predictions, target_greedy
 
 
@@ -149,7 +150,7 @@ def _last_hidden(target, rows: list[list[int]]) -> Tensor:
 
 def _log_probs(target, states: Tensor, temperature: float) -> Tensor:
     """log_softmax(target logits / T) [n, V] in fp32 on the CPU, from final-normed states [n, H]."""
-    return torch.log_softmax(target.model.get_output_embeddings()(states).float().cpu() / temperature, -1)
+    return torch.log_softmax(scaled(target.model.get_output_embeddings()(states).float().cpu(), temperature), -1)
 
 
 def _output_stats(pred: SampledPrediction, target, seq: list[int], prompt_len: int, temperature: float) -> None:

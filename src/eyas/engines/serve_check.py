@@ -52,16 +52,22 @@ def vllm_spec(draft_dir: str | Path, k: int) -> dict[str, Any]:
     return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
 
 
+def model_len(target: Target) -> int:
+    """vLLM's max_model_len: MAX_MODEL_LEN, or the target's context where that is shorter (vLLM refuses
+    a max_model_len beyond the model's, which would read as the draft's fault)."""
+    return min(MAX_MODEL_LEN, getattr(target.config, "max_position_embeddings", None) or MAX_MODEL_LEN)
+
+
 def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: int) -> list[list[int]]:
     """The prompts as eyas capture and eval feed them: chat-templated token ids, too-long ones skipped."""
-    ids, _ = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, MAX_MODEL_LEN, True)
+    ids, _ = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, model_len(target), True)
     return [i for i in ids if i is not None]
 
 
 def engine_job(target: Target, prompts: list[list[int]], runs: list[dict[str, Any]], max_new_tokens: int,
                temperature: float = 0.0) -> dict[str, Any]:
     return {"target": str(target.path), "prompts": prompts, "max_new_tokens": max_new_tokens,
-            "max_model_len": MAX_MODEL_LEN, "temperature": temperature, "runs": runs}
+            "max_model_len": model_len(target), "temperature": temperature, "runs": runs}
 
 
 def timeout_for(runs: int, prompts: int, max_new_tokens: int) -> float:
@@ -289,7 +295,7 @@ def serve_check(
     tgt = Target.load(target, dtype=torch.float32, device=device)
     ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
     if not ids:
-        raise EyasError(f"no prompt of {prompts} fits {MAX_MODEL_LEN} tokens with {max_new_tokens} new ones",
+        raise EyasError(f"no prompt of {prompts} fits {model_len(tgt)} tokens with {max_new_tokens} new ones",
                         "use shorter prompts or fewer new tokens")
     with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
         dump_path = Path(tmp, "dump.safetensors")  # the worker writes here; copied atomically to `dump`

@@ -5,7 +5,7 @@
 Standard library, vllm, torch and safetensors only: eyas is not importable in the engine's venv, and
 eyas never imports vllm (`eyas.engines.vllm` starts this script in its own process group).
 
-The job: {"target": DIR, "prompts": [[token ids], ...], "max_new_tokens": N, "max_model_len": N,
+The job: {"target": DIR, "prompts": [[token ids], ...], "max_new_tokens": N, "max_model_len": N (absent: the model's),
 "warmup": bool, "temperature": T (0: greedy, the default), "runs": [{"name": str, "speculative_config": {...} |
 null, "dump": PATH | null}, ...]}. Each run builds ONE `vllm.LLM` (fp32, eager, batch 1, stats on; at T > 0
 request i samples with seed i, no top-p or top-k), generates every prompt one request
@@ -220,7 +220,7 @@ def serve(job: dict, run: dict) -> dict:
     t0 = time.perf_counter()
     try:
         llm = LLM(model=job["target"], speculative_config=run.get("speculative_config"), dtype="float32",
-                  enforce_eager=True, max_model_len=job.get("max_model_len", 1024), max_num_seqs=1,
+                  enforce_eager=True, max_model_len=job.get("max_model_len"), max_num_seqs=1,
                   disable_log_stats=False, seed=0)
     except Exception as e:  # the engine's own refusal is the answer
         res["error"] = f"{type(e).__name__}: {e}"

@@ -37,7 +37,11 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if not path.exists():
         raise FormatError(f"{path} does not exist", formats_hint())
-    return _detect_file(path) if path.is_file() else _detect_folder(path)
+    if path.is_file():
+        return _detect_file(path)
+    if path.is_dir():
+        return _detect_folder(path)
+    raise FormatError(f"{path}: not a file or folder eyas reads (a device, pipe or socket)", formats_hint())
 
 
 def _detect_file(path: Path) -> str:

@@ -22,7 +22,7 @@ from torch import Tensor
 from eyas.contract import default_capture_layers
 from eyas.data.caches.base import NORMED, CacheInfo, FeatureCache, make_sample, safetensors_shapes
 from eyas.data.caches.layers import Convention, stored_text
-from eyas.data.dumps import read_dump
+from eyas.data.dumps import check_dump_file, read_dump
 from eyas.data.shards import MANIFEST, open_shards
 from eyas.errors import FormatError
 
@@ -85,6 +85,7 @@ class DumpCache(FeatureCache):
     """One engine dump: a single sample, features as stored."""
 
     def __init__(self, path: Path, *, num_layers: int | None = None, layer_ids: Sequence[int] | None = None):
+        check_dump_file(path)  # refused as it is opened, before eval describes it as a dump
         H, slots, how = _dump_width(path, layer_ids)
         if layer_ids is not None:
             capture = tuple(int(k) for k in layer_ids)

@@ -1,0 +1,146 @@
+"""Inputs eyas reads as data, refused on one line naming what is wrong: a capture shard given as an
+engine dump, devices and pipes, prompt paths that are not files, captures whose prompts cannot fit;
+and `eval --json` printing JSON that parses where a depth has no positions."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_data import LAYERS, PROMPTS, WORDS, save_tiny_target
+
+from eyas.cli import main
+from eyas.data import Prompt, capture, read_prompts
+from eyas.data.caches import detect_format, open_cache
+from eyas.data.dumps import read_dump
+from eyas.data.prompts import check_prompts
+from eyas.errors import EyasError, FormatError
+from eyas.target import Target
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LONG = Prompt(" ".join(WORDS * 3), "long.txt line 1", "long.txt")  # > 64 tokens: the tiny target's context
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(target folder, draft folder, capture folder): 2 prompts, 4 answer tokens each, fp32."""
+    root = tmp_path_factory.mktemp("inputs")
+    folder = save_tiny_target(root / "target")
+    assert main(["init", str(root / "draft"), "--target", str(folder), "--capture-layers", ",".join(map(str, LAYERS))
+                 ]) == 0
+    capture(Target.load(folder), PROMPTS[:2], LAYERS, root / "cap", max_new_tokens=4, dtype="float32", progress=False)
+    return folder, root / "draft", root / "cap"
+
+
+def error_line(capsys) -> str:
+    """The one `error:` line a refused command printed (a traceback would fail here)."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# --- a shard is not a dump ----------------------------------------------------------------------
+
+
+def test_a_capture_shard_is_refused_as_an_engine_dump(made, capsys):
+    folder, draft, cap = made
+    shard = cap / "shard_00000.safetensors"
+    says = f"one shard of an eyas capture: pass its folder ({cap})"
+    with pytest.raises(FormatError, match=r"one shard of an eyas capture: pass its folder"):
+        read_dump(shard)
+    with pytest.raises(FormatError, match=r"one shard of an eyas capture"):
+        open_cache(shard, format="eyas-dump")  # a forced format is refused too
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(shard), "--target", str(folder), "--no-progress"]) == 2
+    assert says in error_line(capsys)
+    assert main(["doctor", str(draft), "--features", str(shard), "--target", str(folder), "--no-progress"]) == 2
+    assert says in error_line(capsys)
+
+
+# --- neither a file nor a folder ----------------------------------------------------------------
+
+
+def test_a_device_or_a_pipe_is_not_read_as_data(made, tmp_path, capsys):
+    folder, draft, _ = made
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for path in (Path("/dev/null"), pipe):
+        with pytest.raises(FormatError, match="not a file or folder eyas reads"):
+            detect_format(path)
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(pipe), "--target", str(folder), "--no-progress"]) == 2
+    assert "not a file or folder eyas reads" in error_line(capsys)
+    with pytest.raises(FormatError, match="not a regular file"):
+        read_dump("/dev/null")  # a pipe too: refused before its read would block
+    assert main(["eval", str(draft), "--data", str(tmp_path), "--data-format", "eyas-dump", "--target", str(folder),
+                 "--no-progress"]) == 2  # a folder forced to be read as one dump
+    assert f"{tmp_path}: not a regular file, so not a dump" in error_line(capsys)
+
+
+# --- prompt paths --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source, says", [
+    ("", "the prompt file is an empty path"),
+    ("FOLDER", "is a folder, not a file"),
+    ("/dev/null", "is not a regular file"),
+    ("FOLDER/missing.txt", "does not exist"),
+])
+def test_a_prompt_path_that_is_not_a_file_says_what_it_is(tmp_path, source, says):
+    source = source.replace("FOLDER", str(tmp_path))
+    for read in (read_prompts, check_prompts):
+        with pytest.raises(FormatError, match=says) as e:
+            read(source)
+        assert "packaged sets" in e.value.hint
+
+
+# --- prompts that do not fit ---------------------------------------------------------------------
+
+
+def run_capture(folder: Path, out: Path, prompts, **kw):
+    return capture(Target.load(folder), prompts, LAYERS, out, **{"dtype": "float32", "progress": False, **kw})
+
+
+def test_max_length_caps_the_context_and_the_error_names_what_set_the_limit(made, tmp_path):
+    folder = made[0]
+    with pytest.raises(EyasError, match=r"it needs \d+ > 64, the context of ") as e:  # not raised to 1000
+        run_capture(folder, tmp_path / "a", PROMPTS[:1], max_new_tokens=60, max_length=1000)
+    assert e.value.hint == "shorten or remove it, lower --max-new-tokens, or drop such prompts (capture: --skip-long)"
+    with pytest.raises(EyasError, match=r"it needs \d+ > 10, the --max-length given"):
+        run_capture(folder, tmp_path / "a", PROMPTS[:1], max_new_tokens=4, max_length=10)
+    assert not (tmp_path / "a").exists()
+
+
+def test_skip_long_that_skips_every_prompt_writes_nothing(made, tmp_path, capsys):
+    folder = made[0]
+    with pytest.raises(EyasError, match=r"all 2 prompts are too long: .* none fits in 64 tokens.*nothing to capture"):
+        run_capture(folder, tmp_path / "a", [LONG, LONG], max_new_tokens=4, skip_long=True)
+    assert not (tmp_path / "a").exists()
+    src = tmp_path / "long.txt"
+    src.write_text(LONG.text + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["capture", "--target", str(folder), "--prompts", str(src), "--out", str(tmp_path / "b"),
+                 "--max-new-tokens", "4", "--skip-long", "--no-progress"]) == 2
+    assert "nothing to capture" in error_line(capsys)
+    assert not (tmp_path / "b").exists()
+
+
+# --- eval --json ---------------------------------------------------------------------------------
+
+
+def _no_bare_constants(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON")
+
+
+def test_eval_json_writes_null_where_a_depth_has_no_positions(made, capsys):
+    folder, draft, cap = made
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(cap), "--target", str(folder), "--json", "--depth", "8",
+                 "--dtype", "fp32", "--no-progress"]) == 0
+    rep = json.loads(capsys.readouterr().out, parse_constant=_no_bare_constants)
+    assert rep["acceptance_by_depth"][-1] is None  # 4 answer tokens: nothing reaches depth 8
+    assert isinstance(rep["acceptance_by_depth"][0], float) and rep["tokens"] > 0
