@@ -49,6 +49,9 @@ def test_old_and_new_name_together_or_neither_is_a_usage_error(tmp_path, draft, 
     assert "not allowed with argument --to" in capsys.readouterr().err
     assert main(["convert", str(draft), str(tmp_path / "o")]) == 2
     assert "--format is required" in capsys.readouterr().err
+    for verb in (["inspect", str(draft)], ["convert", str(draft), str(tmp_path / "o"), "--format", "eagle"]):
+        assert main([*verb, "--target", str(draft), "--verifier-config", str(draft)]) == 2  # not: the last one wins
+        assert "not allowed with argument --target" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

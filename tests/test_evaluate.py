@@ -229,7 +229,7 @@ def test_running_a_lone_config_file_is_refused_naming_it(tiny, tmp_path, capsys)
     for drafts in ([str(config)], [str(tmp_path / "d"), "--against", str(config)]):
         assert main(["eval", *drafts, "--data", str(shards), "--target", str(folder)]) == 2
         err = capsys.readouterr().err
-        assert f"{config} is a config file: running the draft needs its weights" in err and "missing" not in err
+        assert f"{config} is a file: running the draft needs its folder" in err and "missing" not in err
 
 
 def test_eval_against_a_draft_reading_other_layers_is_refused(tiny, tmp_path, capsys):

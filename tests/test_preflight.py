@@ -184,15 +184,19 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["capture", "--out", "OUT", "--max-new-tokens", "0"], "--max-new-tokens 0"),
     (["capture", "--out", "OUT", "--capture-layers", "1,-2"], "--capture-layers 1,-2"),
     (["capture", "--out", "OUT", "--batch-size", "0"], "--batch-size 0"),
+    (["capture", "--out", "OUT", "--temperature", "1", "--seed", str(2**64)], "--seed 18446744073709551616"),
+    (["generate", "--prompt", "hi", "--seed", "-1"], "--seed -1: must be from 0"),
+    (["generate", "--prompt", "hi", "--draft-tokens", "4", "--tree", "3,2,4"], "--draft-tokens 4 and --tree 3,2,4"),
+    (["bench", "--plot", "OUT.txt"], "matplotlib writes no .txt files"),
 ])
 def test_bad_flags_are_refused_before_any_model_loads(world, capsys, no_loading, argv, says):
-    argv = [str(world["root"] / "never-written") if a == "OUT" else a for a in argv]
+    argv = [a.replace("OUT", str(world["root"] / "never-written")) for a in argv]
     verb, rest = argv[0], argv[1:]
     drafter = [] if verb in ("capture",) else [str(world["draft"])]
     prompts = ["--prompts", str(world["prompts"])] if verb in ("capture", "serve-check") and "--prompts" not in rest \
         else []
     refused(capsys, [verb, *drafter, *rest, *prompts, "--target", str(world["target"])], says)
-    assert not (world["root"] / "never-written").exists()
+    assert not list(world["root"].glob("never-written*"))
 
 
 def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path, capsys, no_loading):
@@ -214,3 +218,46 @@ def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path
     refused(capsys, ["train", "--data", broken, "--out", tmp_path / "run", "--target", t, "--epochs", "0"],
             "epochs=0")
     assert not (tmp_path / "run").exists()
+
+
+def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
+    """A plot, a dump or an output folder is none of the verb's inputs and overwrites nothing inside one,
+    and a folder --force replaces holds none; a new file beside an input's files is fine."""
+    t, d, prompts = world["target"], world["draft"], world["prompts"]
+    before = {p: p.read_bytes() for p in (t / "config.json", d / "model.safetensors", prompts)}
+    refused(capsys, ["eval", d, "--prompts", prompts, "--plot", d / "model.safetensors", "--target", t],
+            "model.safetensors (--plot) is already inside", "(DRAFTER)")
+    refused(capsys, ["eval", d, "--prompts", prompts, "--plot", t / "config.json", "--target", t / "config.json"],
+            "(--target)")
+    refused(capsys, ["eval", d, "--prompts", prompts, "--plot", prompts, "--target", t], "(--plot) is", "(--prompts)")
+    refused(capsys, ["bench", d, "--prompts", prompts, "--plot", prompts, "--target", t], "(--prompts")
+    refused(capsys, ["serve-check", d, "--prompts", prompts, "--dump", d / "config.json", "--target", t], "(DRAFTER)")
+    refused(capsys, ["capture", "--prompts", prompts, "--out", t, "--target", t], "(--out) is", "(--target)")
+    box = tmp_path / "box"
+    (box / "tgt").mkdir(parents=True)
+    for f in t.iterdir():
+        (box / "tgt" / f.name).write_bytes(f.read_bytes())
+    refused(capsys, ["init", box, "--target", box / "tgt", "--force"], "(DST) holds", "(--target)")
+    refused(capsys, ["convert", d, box / "tgt", "--format", "eagle", "--target", box / "tgt", "--force"], "(DST) is")
+    assert all(p.read_bytes() == b for p, b in before.items()) and (box / "tgt" / "config.json").is_file()
+
+
+def test_a_draft_passed_as_the_target_is_named(world, capsys, no_loading):
+    d = world["draft"]
+    refused(capsys, ["init", world["root"] / "never", "--target", d], "is an EAGLE-3 draft's config", "not a model's")
+    refused(capsys, ["generate", "--prompt", "hi", "--target", d], "is an EAGLE-3 draft's config")
+    refused(capsys, ["generate", world["root"] / "no-draft", "--prompt", "hi", "--target", world["target"]],
+            "no-draft does not exist (DRAFTER)")
+    broken = world["root"] / "no-heads"
+    broken.mkdir()
+    for f in world["target"].iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((broken / "config.json").read_text())
+    del cfg["num_attention_heads"]
+    (broken / "config.json").write_text(json.dumps(cfg))
+    assert main(["init", str(world["root"] / "never"), "--target", str(broken)]) == 2  # read once the target is
+    assert "field 'num_attention_heads' is None" in capsys.readouterr().err  # (a head-only target has no heads)
+    del cfg["hidden_size"]
+    (broken / "config.json").write_text(json.dumps(cfg))
+    refused(capsys, ["init", world["root"] / "never", "--target", broken], "field 'hidden_size' is None")
+    assert not (world["root"] / "never").exists()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eyas.codes import finding
-from eyas.errors import ContractError
+from eyas.errors import ContractError, FormatError
 
 LAYER_TYPES = ("llama", "qwen3")
 DEFAULT_ROPE_THETA = 10000.0  # what every engine builds when a draft config names no rope theta
@@ -257,6 +257,16 @@ def check_capture_layers(c: DraftContract, num_target_layers: int) -> list[str]:
     return [f["problem"] for f in capture_layer_problems(c, num_target_layers)]
 
 
+def _mirrored(text: dict[str, Any], key: str, name: str | None) -> int:
+    """A dimension the draft copies from the target's config: a positive integer, or one line naming it
+    (a draft's config passed as the target has none; the verdict from the head alone needs none)."""
+    value = text.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise FormatError(f"target {name or ''} config.json: field {key!r} is {value!r}, not a positive integer",
+                          "pass the target's own config.json: the draft's layer mirrors its dimensions")
+    return value
+
+
 def contract_for_target(
     cfg: dict[str, Any],
     *,
@@ -273,7 +283,7 @@ def contract_for_target(
     f = target_facts(cfg)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     N, H, V = f["num_hidden_layers"], f["hidden_size"], f["vocab_size"]
-    heads = text["num_attention_heads"]
+    heads = _mirrored(text, "num_attention_heads", name)
     rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
     scaling = text.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
     if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
@@ -285,7 +295,7 @@ def contract_for_target(
         num_attention_heads=heads,
         num_key_value_heads=text.get("num_key_value_heads") or heads,
         head_dim=text.get("head_dim") or H // heads,
-        intermediate_size=text["intermediate_size"],
+        intermediate_size=_mirrored(text, "intermediate_size", name),
         vocab_size=V,
         draft_vocab_size=vd,
         target_hidden_size=H,

@@ -68,8 +68,8 @@ def load_drafter_and_config(
     pair the draft with something else, such as data captured at other layers)."""
     ref = TargetRef.resolve(target, weights=False)
     folder = resolve_drafter(path, ref)
-    if folder.is_file():  # inspect and check read a lone config; running the draft needs its weights
-        raise FormatError(f"{folder} is a config file: running the draft needs its weights",
+    if folder.is_file():  # inspect and check read a lone config; running the draft needs the whole folder
+        raise FormatError(f"{folder} is a file: running the draft needs its folder (its config and weights)",
                           "pass the draft's folder (the config beside its model.safetensors)")
     check_fits_memory(weight_bytes(folder, dtype), ref.device, f"draft {folder} in {short_name(dtype)}")
     ckpt = read_checkpoint(folder, layer_convention=layer_convention)

@@ -27,6 +27,7 @@ from torch import Tensor
 from eyas.devices import parse_device
 from eyas.embedded import DEFAULT_SPECS, EMBEDDED_NAME, embedded_default_dir
 from eyas.errors import FormatError
+from eyas.formats.schema import detect_format
 from eyas.weights import find_weights, read_tensors, weight_bytes
 
 # Target tensors by the names the drafter uses -> Hugging Face names on disk.
@@ -87,7 +88,20 @@ class TargetRef:
                        dtype or spec.dtype)
         path = _resolve_path(spec, weights=weights, needed_by=needed_by)
         name = EMBEDDED_NAME if spec in DEFAULT_SPECS else str(path.resolve())
-        return cls(path, name, _read_config(path), parse_device(device), dtype or torch.float32)
+        ref = cls(path, name, _read_config(path), parse_device(device), dtype or torch.float32)
+        ref._check_model(run=weights and spec not in DEFAULT_SPECS)  # the embedded default is eyas's own
+        return ref
+
+    def _check_model(self, *, run: bool) -> None:
+        """A target model's config: not a draft's (passed as --target by mistake), and, for a target
+        that runs, with the dimensions every verb builds from, named here rather than failing later."""
+        fmt = detect_format(self.config)
+        if fmt is not None:
+            raise FormatError(f"target {self._config_file()} is an EAGLE-3 draft's config ({fmt}), not a model's",
+                              "pass the model the draft runs on as --target; the draft goes as DRAFTER")
+        if run:
+            for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
+                self._field(key)
 
     # --- facts from the config ------------------------------------------------------------------
 
@@ -250,9 +264,7 @@ def _read_config(found: Path) -> dict:
 
 def resolve_target(spec, *, weights: bool = True, needed_by: str = "this command") -> Path:
     """The target's folder (or lone config file): `TargetRef.resolve(spec).path`."""
-    if isinstance(spec, TargetRef):
-        return spec.path
-    return _resolve_path(spec, weights=weights, needed_by=needed_by)
+    return TargetRef.resolve(spec, weights=weights, needed_by=needed_by).path
 
 
 def target_name(spec) -> str:

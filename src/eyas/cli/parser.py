@@ -50,7 +50,7 @@ def add_drafter(p: argparse.ArgumentParser, what: str = "the draft folder, any f
                    help=f"{what} (default: the draft eyas ships for the target)")
 
 
-def add_target(p: argparse.ArgumentParser, *, use: str | None = None) -> argparse.Action:
+def add_target(p: argparse._ActionsContainer, *, use: str | None = None) -> argparse.Action:
     """`--target`; `use` says what a verb that only reads the target's config does with it (such a
     verb reads the draft alone without one), None for the verbs that run the target."""
     if use is None:
@@ -167,8 +167,9 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("inspect", cmd_inspect, "config files and formats, the contract, tensors, what each engine will do, "
                 "warnings")
     add_drafter(p, "a draft folder, or a single draft config .json (tensor checks skipped)")
-    target = add_target(p, use="its depth resolves the default capture layers, its facts fill the verifier")
-    add_deprecated_alias(p, "--verifier-config", target)
+    named = p.add_mutually_exclusive_group()  # --target, or its old name --verifier-config
+    target = add_target(named, use="its depth resolves the default capture layers, its facts fill the verifier")
+    add_deprecated_alias(named, "--verifier-config", target)
     add_reading(p, progress=False)
 
     p = command("check", cmd_check, "every problem with a draft, offline; exit 0 clean, 1 problems, 2 unreadable")
@@ -181,8 +182,9 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("dst", help="the folder to write (must be empty or new, unless --force)")
     required = p.add_mutually_exclusive_group(required=True)  # --format, or its old name --to
     add_deprecated_alias(required, "--to", add_format(required))
-    target = add_target(p, use="its name, architectures and depth are recorded as the verifier")
-    add_deprecated_alias(p, "--verifier-config", target)
+    named = p.add_mutually_exclusive_group()
+    target = add_target(named, use="its name, architectures and depth are recorded as the verifier")
+    add_deprecated_alias(named, "--verifier-config", target)
     p.add_argument("--verifier-name", metavar="ID",
                    help="the target's hub id to record as the verifier (vLLM serves it)")
     p.add_argument("--force", action="store_true", help="replace a non-empty DST")

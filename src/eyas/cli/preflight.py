@@ -65,7 +65,30 @@ def tree(args: argparse.Namespace) -> None:
     parse_tree(getattr(args, "tree", None))
 
 
+SEED_RANGE = (0, 2**63 - 1)  # what torch's generators take; eyas derives its other seeds inside it
+
+
+def seed(args: argparse.Namespace) -> None:
+    """--seed, where the verb has one, is in SEED_RANGE."""
+    value = getattr(args, "seed", None)
+    if value is not None and not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise EyasError(f"--seed {value}: must be from {SEED_RANGE[0]} to 2**63-1", "e.g. --seed 0")
+
+
+def one_decoding(args: argparse.Namespace) -> None:
+    """`eyas generate` decodes one way: a chain (--draft-tokens) or a tree (--tree), not both."""
+    if args.draft_tokens is not None and args.tree is not None:
+        raise EyasError(f"--draft-tokens {args.draft_tokens} and --tree {args.tree} both given",
+                        "pass --draft-tokens K for a chain or --tree D,K,N for a tree (eyas bench measures both)")
+
+
 # --- files read ---------------------------------------------------------------------------------------
+
+
+def drafter(args: argparse.Namespace) -> None:
+    """DRAFTER, where given, exists (the shipped one is checked where it is resolved, with the target)."""
+    if getattr(args, "drafter", None) not in (None, "default"):
+        existing(args.drafter, "DRAFTER")
 
 
 def target(args: argparse.Namespace, *, weights: bool) -> None:
@@ -184,6 +207,44 @@ def output_file(path: str | Path | None, flag: str) -> None:
     _writable_above(path, flag)
 
 
+def _region(path: str | Path) -> Path:
+    """What writing into `path` could change: a file, or the model folder a config file stands for."""
+    from eyas.weights import find_weights
+
+    path = Path(path).resolve()
+    return path.parent if path.is_file() and find_weights(path.parent) is not None else path
+
+
+def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None], *, holds: bool = False) -> None:
+    """An output is none of the verb's inputs, nor anything already inside one (a plot over the draft's
+    weights, a capture into the target's folder); with `holds` (a folder --force replaces) it holds
+    none either. A new file or folder beside an input's files changes none of them."""
+    if out is None:
+        return
+    o = Path(out).resolve()
+    for name, given in inputs.items():
+        if given is None or not Path(given).exists():  # a named prompt set, the default target
+            continue
+        i = _region(given)
+        how = ("is" if o == i else "is already inside" if i in o.parents and o.exists()
+               else "holds" if holds and o in i.parents else None)
+        if how is not None:
+            raise EyasError(f"{out} ({flag}) {how} {given} ({name}): writing it would change an input",
+                            f"choose a {flag} outside the verb's inputs")
+
+
+def plot_format(path: str | None) -> None:
+    """`eyas bench --plot`: a suffix matplotlib writes (none: PNG), checked before the benchmark runs."""
+    if path is None or not Path(path).suffix:
+        return
+    from matplotlib.figure import Figure
+
+    known = Figure().canvas.get_supported_filetypes()
+    if Path(path).suffix.lstrip(".").lower() not in known:
+        raise EyasError(f"--plot {path}: matplotlib writes no {Path(path).suffix} files",
+                        f"end it in one of {', '.join('.' + k for k in sorted(known))} (or none: PNG)")
+
+
 def capture_out(path: str) -> None:
     """`eyas capture --out`: writable, and when it already holds a capture, a readable one (resumed)."""
     from eyas.data.shards import MANIFEST, read_manifest
@@ -207,6 +268,8 @@ def train_run(args: argparse.Namespace) -> None:
     if config.init:
         existing(config.init, "--init")
     output_folder(config.out, "--out")
+    apart(config.out, "--out", {"--target": args.target, "--init": config.init,
+                                **{f"--data {f}": f for f in data_folders(config)}})
     if not config.resume:
         refuse_old_run(RunFiles.of(config.out))
 
@@ -223,6 +286,7 @@ def _capture(a: argparse.Namespace) -> None:
     target(a, weights=True)
     prompts(a.prompts, limit=None if a.limit is None else a.skip + a.limit)
     capture_out(a.out)
+    apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts})
 
 
 def _eval(a: argparse.Namespace) -> None:
@@ -240,6 +304,8 @@ def _eval(a: argparse.Namespace) -> None:
     if a.against not in (None, "default"):
         existing(a.against, "--against")
     output_file(a.plot, "--plot")
+    apart(a.plot, "--plot", {"DRAFTER": a.drafter, "--target": a.target, "--data": a.data, "--prompts": a.prompts,
+                             "--against": a.against})
 
 
 def _decoding(a: argparse.Namespace) -> None:
@@ -250,10 +316,18 @@ def _decoding(a: argparse.Namespace) -> None:
     target(a, weights=True)
 
 
+def _generate(a: argparse.Namespace) -> None:
+    one_decoding(a)
+    _decoding(a)
+
+
 def _bench(a: argparse.Namespace) -> None:
     _decoding(a)
     bench_prompts(a.prompts)
     output_file(a.plot, "--plot")
+    apart(a.plot, "--plot", {"DRAFTER": a.drafter, "--target": a.target,
+                             **{f"--prompts {n}": n for n in a.prompts.split(",")}})
+    plot_format(a.plot)
 
 
 def _doctor(a: argparse.Namespace) -> None:
@@ -274,18 +348,21 @@ def _serve_check(a: argparse.Namespace) -> None:
     target(a, weights=True)
     prompts(a.prompts, limit=a.limit)
     output_file(a.dump, "--dump")
+    apart(a.dump, "--dump", {"DRAFTER": a.drafter, "--target": a.target, "--prompts": a.prompts})
 
 
 VERBS: dict[str, Callable[[argparse.Namespace], None]] = {
     "capture": _capture,
     "eval": _eval,
     "train": train_run,
-    "generate": _decoding,
+    "generate": _generate,
     "bench": _bench,
     "doctor": _doctor,
     "serve-check": _serve_check,
-    "init": lambda a: (capture_layers(a), target(a, weights=True), output_folder(a.dst, "DST")),
-    "convert": lambda a: (existing(a.src, "SRC"), output_folder(a.dst, "DST")),
+    "init": lambda a: (capture_layers(a), target(a, weights=True), output_folder(a.dst, "DST"),
+                       apart(a.dst, "DST", {"--target": a.target}, holds=True)),
+    "convert": lambda a: (existing(a.src, "SRC"), output_folder(a.dst, "DST"),
+                          apart(a.dst, "DST", {"--target": a.target}, holds=True)),
 }
 
 
@@ -293,4 +370,6 @@ def check(args: argparse.Namespace) -> None:
     """The one call at the top of every `cmd_*`: refuse bad flags and inputs before any model loads."""
     verb = VERBS.get(args.command)
     if verb is not None:
+        seed(args)
+        drafter(args)
         verb(args)
