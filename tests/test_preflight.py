@@ -261,3 +261,11 @@ def test_a_draft_passed_as_the_target_is_named(world, capsys, no_loading):
     (broken / "config.json").write_text(json.dumps(cfg))
     refused(capsys, ["init", world["root"] / "never", "--target", broken], "field 'hidden_size' is None")
     assert not (world["root"] / "never").exists()
+
+
+def test_a_bench_prompt_file_that_is_not_there_names_benchs_sets(world, capsys, no_loading):
+    assert main(["bench", str(world["draft"]), "--prompts", "mtbench,no-such.jsonl", "--target",
+                 str(world["target"])]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "no-such.jsonl does not exist" in err[0] and err[1] == (
+        "hint: pass a .jsonl of {prompt, category}, or one of bench's sets: mtbench, humaneval, copy")

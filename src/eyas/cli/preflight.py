@@ -113,7 +113,11 @@ def bench_prompts(names: str | None) -> None:
 
     for name in (n.strip() for n in (names or "").split(",")):
         if name and name not in PROMPT_SETS:
-            prompts(name)
+            try:
+                prompts(name)
+            except FormatError as e:  # its hint lists capture's prompt sources, not bench's sets
+                raise FormatError(str(e), f"pass a .jsonl of {{prompt, category}}, or one of bench's sets: "
+                                          f"{', '.join(PROMPT_SETS)}") from None
 
 
 def existing(path: str | Path, flag: str) -> Path:
