@@ -20,6 +20,7 @@ from eyas.errors import EyasError
 from eyas.formats import read_checkpoint
 from eyas.target import Target, target_config
 from eyas.train import plan_epoch, train
+from eyas.train.checkpoint import RunFiles, refuse_old_run
 from eyas.train.dataset import load_training_data
 from test_train import LAYERS, config, env, flags, log_records, prompts
 from test_train import target_dir  # noqa: F401 (module fixture: the tiny chat target)
@@ -125,3 +126,12 @@ def test_a_max_len_that_cuts_off_every_answer_says_so(target_dir, captured, tmp_
     assert len(load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest)).train_set) >= 1
     with pytest.raises(EyasError, match="cuts off every"):
         load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest - 1))
+
+
+def test_a_fresh_run_never_writes_over_another_runs_curves(tmp_path):
+    """train_curves.png is a run's file like its log: a fresh run into its folder is refused, not let
+    replace it."""
+    refuse_old_run(RunFiles.of(tmp_path))  # an empty folder takes a run
+    (tmp_path / "train_curves.png").write_bytes(b"png")
+    with pytest.raises(EyasError, match=r"already holds a training run \(train_curves.png\)"):
+        refuse_old_run(RunFiles.of(tmp_path))
