@@ -10,6 +10,7 @@ line naming the file, and leaves nothing behind: not the temp file, nor folders 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -70,22 +71,18 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """`write(f)` into a temp file beside `path`, then fsync and rename it over `path`."""
     path = Path(path)
     with _writing(path):
-        return _write_atomic(path, write)
-
-
-def _write_atomic(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        ordinary_modes(Path(tmp))
-        os.replace(tmp, path)
-        fsync_path(path.parent)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # gone already when the rename succeeded
-    return path
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            ordinary_modes(Path(tmp))
+            os.replace(tmp, path)
+            fsync_path(path.parent)
+        finally:
+            Path(tmp).unlink(missing_ok=True)  # gone already when the rename succeeded
+        return path
 
 
 def write_bytes(path: str | Path, data: bytes) -> Path:
@@ -130,11 +127,10 @@ def temp_folder(dst: str | Path, *, replace: bool = False) -> Iterator[Path]:
     With `replace`, an existing non-empty `dst` is moved aside first and removed only once the new
     folder is in place (if the final rename fails, the old folder is put back).
     """
-    dst, done = Path(dst), False
-    made = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]  # folders made for dst, innermost first
+    dst, done, made = Path(dst), False, []
     try:
         with _writing(dst):
-            dst.parent.mkdir(parents=True, exist_ok=True)
+            made = make_folders(dst.parent)
             tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
         try:
             yield tmp
@@ -148,9 +144,22 @@ def temp_folder(dst: str | Path, *, replace: bool = False) -> Iterator[Path]:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
     finally:
-        for folder in [] if done else made:
-            with suppress(OSError):
-                folder.rmdir()
+        if not done:
+            remove_empty(made)
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """Make `folder` and its missing parents; those it made, innermost first (for `remove_empty`)."""
+    made = list(itertools.takewhile(lambda p: not p.exists(), [folder, *folder.parents]))
+    folder.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of `folders` (innermost first) that is empty: what a failed write made, not what it found."""
+    for folder in folders:
+        with suppress(OSError):  # not empty, or gone
+            folder.rmdir()
 
 
 def _install(tmp: Path, dst: Path, replace: bool) -> None:

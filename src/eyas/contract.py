@@ -257,13 +257,14 @@ def check_capture_layers(c: DraftContract, num_target_layers: int) -> list[str]:
     return [f["problem"] for f in capture_layer_problems(c, num_target_layers)]
 
 
-def _mirrored(text: dict[str, Any], key: str, name: str | None) -> int:
-    """A dimension the draft copies from the target's config: a positive integer, or one line naming it
-    (a draft's config passed as the target has none; the verdict from the head alone needs none)."""
+def target_size(where: str, text: dict[str, Any], key: str) -> int:
+    """A dimension read from a target's config (`text`: its language model's part; `where` names the
+    file): a positive integer, or one line naming the field. A draft's config passed as the target,
+    or a damaged one, fails here rather than in shape arithmetic."""
     value = text.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise FormatError(f"target {name or ''} config.json: field {key!r} is {value!r}, not a positive integer",
-                          "pass the target's own config.json: the draft's layer mirrors its dimensions")
+        raise FormatError(f"{where}: field {key!r} is {value!r}, not a positive integer",
+                          "pass the target's own config.json (restore it if it is damaged)")
     return value
 
 
@@ -283,7 +284,9 @@ def contract_for_target(
     f = target_facts(cfg)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     N, H, V = f["num_hidden_layers"], f["hidden_size"], f["vocab_size"]
-    heads = _mirrored(text, "num_attention_heads", name)
+    where = f"target {name} config.json" if name else "the target's config.json"
+    heads = target_size(where, text, "num_attention_heads")
+
     rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
     scaling = text.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
     if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
@@ -295,7 +298,7 @@ def contract_for_target(
         num_attention_heads=heads,
         num_key_value_heads=text.get("num_key_value_heads") or heads,
         head_dim=text.get("head_dim") or H // heads,
-        intermediate_size=_mirrored(text, "intermediate_size", name),
+        intermediate_size=target_size(where, text, "intermediate_size"),
         vocab_size=V,
         draft_vocab_size=vd,
         target_hidden_size=H,

@@ -39,7 +39,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from eyas.decode.sampling import scaled
 from eyas.errors import EyasError
 from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
 from eyas.shift import shift_for_draft
@@ -75,6 +74,8 @@ def target_probs(last_hidden: Tensor, lm_head: Tensor, temperature: float, cols:
     target ids `cols` (the draft vocabulary). Computed in fp32: bf16 logits (3 significant digits)
     would move p by several percent at T < 1. lm_head [V, H] is made fp32 a slice at a time (a
     128k x 4096 head would need 2 GB more as a whole)."""
+    from eyas.decode.sampling import scaled  # the decoder loads where sampled figures are computed, not with the CLI
+
     h = last_hidden.float()  # [R, H]
     logits = torch.cat([h @ lm_head[v:v + VOCAB_CHUNK].float().T for v in range(0, lm_head.shape[0], VOCAB_CHUNK)],
                        dim=1)  # [R, V]
@@ -113,6 +114,8 @@ def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float,
     So memory stays at p [T - first, Vd] beside the one depth's logits the caller holds, plus BLOCK
     rows of the full vocabulary.
     """
+    from eyas.decode.sampling import scaled
+
     Vd = drafter.lm_head.out_features
     hidden, first = sample["last_hidden"], first_answer_row(sample)
     cols = drafter.to_target_ids(torch.arange(Vd, device=hidden.device))  # target id of each draft id

@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from eyas.contract import target_size
 from eyas.devices import parse_device
 from eyas.embedded import DEFAULT_SPECS, EMBEDDED_NAME, embedded_default_dir
 from eyas.errors import FormatError
@@ -127,12 +128,8 @@ class TargetRef:
     def vocab_size(self) -> int:
         return int(self._field("vocab_size"))
 
-    def _field(self, key: str):
-        value = self.text_config.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise FormatError(f"{self._config_file()}: field {key!r} is {value!r}, not a positive integer",
-                              "restore the target's config.json")
-        return value
+    def _field(self, key: str) -> int:
+        return target_size(str(self._config_file()), self.text_config, key)
 
     def _config_file(self) -> Path:
         return self.path if self.path.is_file() else self.path / "config.json"

@@ -53,6 +53,8 @@ def weight_layouts(folder: Path) -> list[str]:
     """Every weights layout in `folder`, in the order eyas looks (the first is the one read); a file
     that an index present lists as its shard is part of that index, not a layout of its own."""
     present = [n for n in WEIGHT_LAYOUTS if (folder / n).is_file()]
+    if len(present) < 2:  # the usual folder: no index read again
+        return present
     listed = {f for n in present if n.endswith(".index.json") for f in _weight_map(folder / n).values()}
     return [n for n in present if n not in listed]
 

@@ -10,7 +10,6 @@ records past its checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Any
 
 import torch
 
-from eyas.atomic import write_atomic, write_text
+from eyas.atomic import make_folders, remove_empty, write_atomic, write_text
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
 from eyas.target import target_name
@@ -61,8 +60,7 @@ def refuse_old_run(files: RunFiles) -> None:
 def prepare(files: RunFiles, resumed_step: int | None) -> list[Path]:
     """Make the checkpoint folder, drop temp files of a killed write, and start or trim the log.
     Returns the folders it made, innermost first (`forget_run` removes them)."""
-    made = list(itertools.takewhile(lambda p: not p.exists(), [files.checkpoints, *files.checkpoints.parents]))
-    files.checkpoints.mkdir(parents=True, exist_ok=True)
+    made = make_folders(files.checkpoints)
     for tmp in files.checkpoints.glob(".step_*.tmp"):  # a checkpoint write that was killed
         tmp.unlink()
     if resumed_step is not None:
@@ -78,9 +76,7 @@ def forget_run(files: RunFiles, made: list[Path]) -> None:
     old run. Its log is its own: a fresh run starts without one, and `prepare` drops the log of a
     resumed run that found no checkpoint. A folder that was there before the run is never removed."""
     files.log.unlink(missing_ok=True)
-    for folder in made:
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+    remove_empty(made)
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
