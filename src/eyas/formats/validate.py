@@ -96,7 +96,7 @@ def tensor_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> list[
 def not_finite(name: str, t: torch.Tensor) -> dict[str, str] | None:
     """The finding on a weight holding nan or inf (a run that diverged, a corrupt file): every draft
     output it feeds is nan. One min/max pass per tensor (nan propagates through both; 0.02 s for 0.42B
-    bf16 values, an 8B target's draft, where isfinite().all() took 1 s on a 2-core EPYC); the values are
+    bf16 values, an 8B target's draft, where isfinite().all() took 1 s on the 2-core AVX-512 EPYC); the values are
     counted only when some are not finite. Training checks its weights with it before it writes them."""
     if t.dtype.itemsize == 1:  # float8: neither aminmax nor isfinite is implemented for every kind
         t = t.float()
