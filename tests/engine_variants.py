@@ -103,6 +103,14 @@ def own_embeddings(noise: float):
     return make
 
 
+def names_under_model_prefix(d: Path) -> Path:
+    """A whole-model export: every name but lm_head's and the vocab map's under `model.` (vLLM refuses it)."""
+    _export(d, "speculators")
+    w = d / "model.safetensors"
+    save_file({(n if n.startswith(("lm_head", "d2t", "t2d")) else "model." + n): t for n, t in load_file(w).items()}, w)
+    return d
+
+
 def four_layers(fmt: str):
     """A fresh (random) draft reading four target states, as `fmt`."""
     def make(d: Path) -> Path:
@@ -122,6 +130,7 @@ VARIANTS = {
     "speculators_no_ids": speculators_no_ids,
     "eagle_norm_before_residual_absent": eagle_norm_before_residual_absent,
     "own_embeddings": own_embeddings(0.01),
+    "names_under_model_prefix": names_under_model_prefix,
     "four_layers_speculators": four_layers("speculators"),
     "four_layers_eagle": four_layers("eagle"),
 }

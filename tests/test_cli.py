@@ -442,3 +442,12 @@ def test_installed_script(ckpt, tmp_path):
     assert (
         bad.returncode == 2 and bad.stdout == "" and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
     )
+
+
+def test_every_json_output_is_strict_json(capsys):
+    """NaN and infinities print as null in every verb's --json (one printer), never as bare NaN."""
+    from eyas.cli.output import print_json
+
+    print_json({"a": float("nan"), "b": [1.5, float("inf"), (float("-inf"), 2)], "c": {"d": float("nan")}})
+    out = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    assert out == {"a": None, "b": [1.5, None, [None, 2]], "c": {"d": None}}

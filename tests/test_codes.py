@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from conftest import TINY_TARGET_LAYERS, random_tensors, tiny_contract
 from test_vocab_map import vocab_map_cases
@@ -244,6 +244,8 @@ def check_folder(tmp_path):
     path = _folder(tmp_path / "d", {"config.json": speculators_config(c)}, random_tensors(c))
     shutil.copy(path / "model.safetensors", path / "pytorch_model.bin")  # read as the first layout: never loaded
     found = _codes(check_checkpoint(path).warnings)
+    save_file({"model." + n: x for n, x in load_file(path / "model.safetensors").items()}, path / "model.safetensors")
+    found |= _codes(check_checkpoint(path).warnings)
     (path / "model.safetensors").unlink()
     (path / "pytorch_model.bin").unlink()
     return found | _codes(check_checkpoint(path).problems + check_checkpoint(path).warnings)
@@ -293,7 +295,7 @@ SCENARIOS = {  # scenario: the codes it must produce
         "target_context_longer", "target_architectures", "verifier_name_missing", "verifier_not_portable",
         "rope_theta_absent",
     },
-    check_folder: {"weights_missing", "target_not_given", "weights_layouts_several"},
+    check_folder: {"weights_missing", "target_not_given", "weights_layouts_several", "weights_prefixed"},
     consumer_views: {
         "consumer_capture_default", "consumer_capture_layers", "consumer_norm_flags", "consumer_replaces_embeddings",
         "consumer_no_vocab_map", "consumer_builds_qwen3",

@@ -127,6 +127,8 @@ def test_refusal_is_reported_and_was_predicted_by_check(reports):
     r = reports["four_layers_speculators"]
     assert not r["loaded"] and "2304" in r["error"]  # fc built for 3 states, the weights read 4
     assert r["refusal_predicted"]
+    r = reports["names_under_model_prefix"]  # eyas reads through the prefix; vLLM prefixes every name again
+    assert not r["loaded"] and "no module or parameter named 'model'" in r["error"] and r["refusal_predicted"]
 
 
 @pytest.mark.engine

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from conftest import LLAMA3_ROPE, random_tensors, tiny_contract
+from eyas.check import consumers
 from eyas.contract import Verifier
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats import (
@@ -138,6 +140,41 @@ def test_a_second_set_of_weights_is_named(tmp_path):
     index["weight_map"] = dict.fromkeys(index["weight_map"], "model.safetensors")
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     assert "weights_layouts_several" not in {w["code"] for w in read_checkpoint(src).warnings}
+
+
+@pytest.mark.parametrize("naming", ["eagle", "speculators"])
+def test_names_under_the_model_prefix_are_read_through_and_converted_without_it(tmp_path, naming):
+    """A whole-model export (`model.midlayer.*`, `model.fc.weight`, lm_head at the top): the same draft,
+    one warning with the count, vLLM's view refuses it (vLLM 0.32 did: tests/engine_variants.py), and
+    convert writes the names bare."""
+    c = tiny_contract(has_embeddings=True)
+    t = random_tensors(c)
+    wrapped = {("model." + n if not n.startswith(("lm_head", "d2t", "t2d")) else n): x
+               for n, x in from_canonical(t, naming).items()}
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(eagle_config(c)))
+    save_file(wrapped, str(src / "model.safetensors"))
+    ck = read_checkpoint(src)
+    assert _same_tensors(ck.tensors, t) and ck.weight_naming == naming and ck.wrapped == len(t) - 3
+    [w] = [w for w in ck.warnings if w["code"] == "weights_prefixed"]
+    assert f"{len(t) - 3} of {len(t)} tensor names carry the prefix 'model.'" in w["warning"]
+    assert "eyas convert" in w["fix"] and not ck.problems
+    views = consumers(ck)
+    assert not views["vllm"]["loads"] and views["sglang"]["loads"]
+    _, out = convert_checkpoint(src, tmp_path / "out", "speculators")
+    with safe_open(tmp_path / "out" / "model.safetensors", "pt") as f:
+        assert set(f.keys()) == set(t)
+    assert out.wrapped == 0 and _same_tensors(out.tensors, t)
+
+
+def test_both_spellings_of_a_tensor_are_refused(tmp_path):
+    c = tiny_contract()
+    t = random_tensors(c)
+    src = _save(tmp_path / "src", {"config.json": eagle_config(c)}, t)
+    save_file({**t, "model.fc.weight": t["fc.weight"].clone()}, str(src / "model.safetensors"))
+    with pytest.raises(FormatError, match=r"model.safetensors: holds both 'fc.weight' and 'model.fc.weight'"):
+        read_checkpoint(src)
 
 
 def test_speculators_config_is_explicit_and_vllm_detectable():

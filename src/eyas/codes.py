@@ -72,6 +72,7 @@ CODES: dict[str, Code] = {
     # --- weights and tensors against the contract (eyas.formats.read, eyas.formats.validate) ---
     "weights_missing": _problem(None, "the folder holds no weights file"),
     "weights_layouts_several": _warning(None, "weights in more than one layout: readers load different ones"),
+    "weights_prefixed": _warning(None, "tensor names carry a whole-model export's 'model.' prefix: vLLM refuses them"),
     "layers_missing": _problem(None, "num_hidden_layers counts a decoder layer that is not stored"),
     "layers_extra": _problem(None, "a decoder layer is stored beyond num_hidden_layers"),
     "tensor_missing": _problem(None, "a tensor every draft has is missing"),

@@ -6,6 +6,8 @@ only: a checkpoint never runs code here.
 
 Names: eyas works in speculators naming (`layers.{i}.*`). The original EAGLE / SpecForge / SGLang
 naming differs in one rule, `midlayer.` for `layers.0.`, and that rule lives here and nowhere else.
+Some exports save the wrapping module's state dict, every name but lm_head's under `model.`
+(`model.layers.0.*`, `model.fc.weight`); that prefix is read through here too (`unwrap`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ WEIGHTS_FILE = "model.safetensors"  # what eyas writes
 
 # The one rename rule: eagle on-disk prefix <-> canonical prefix.
 _EAGLE_PREFIX, _CANONICAL_PREFIX = "midlayer.", "layers.0."
+WRAPPER_PREFIX = "model."  # the wrapping module's prefix some exports leave on the draft's names
 
 # What safetensors and torch raise on a file that lies about itself: its own error for a bad header,
 # OSError for an unreadable or vanished file, the rest for dtypes or sizes torch cannot hold.
@@ -193,6 +196,28 @@ def _read_sharded(index: Path, names: list[str] | None) -> dict[str, torch.Tenso
 def weight_naming(names: Iterable[str]) -> str:
     """ "eagle" when the first layer is stored as `midlayer.*`, else "speculators"."""
     return "eagle" if any(n.startswith(_EAGLE_PREFIX) for n in names) else "speculators"
+
+
+def unwrap(tensors: dict[str, torch.Tensor], source: str = "weights") -> tuple[dict[str, torch.Tensor], int]:
+    """The names without the `model.` prefix a whole-model export leaves on them, and how many carried it.
+
+    Read through, not refused: the weights are the draft's own and SGLang, which adds the prefix only
+    where it is missing, serves them; vLLM adds it to every name but lm_head's and refuses
+    `model.model.*`, which is why a reader reports the count. A file holding both spellings of one
+    tensor is refused (`source` names it).
+    """
+    out: dict[str, torch.Tensor] = {}
+    carried = 0
+    for name, t in sorted(tensors.items(), key=lambda kv: kv[0].startswith(WRAPPER_PREFIX)):
+        bare = name.removeprefix(WRAPPER_PREFIX)
+        if bare in out:
+            raise FormatError(
+                f"{source}: holds both {bare!r} and {name!r}",
+                f"keep one of the two ({WRAPPER_PREFIX}* is the same tensor under its wrapping module's prefix)",
+            )
+        carried += bare != name
+        out[bare] = t
+    return out, carried
 
 
 def to_canonical(tensors: dict[str, torch.Tensor], fmt: str, source: str = "weights") -> dict[str, torch.Tensor]:

@@ -191,6 +191,8 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
         "speculators": _speculators(reads, fmt, cfg, c),
         "llamacpp": llamacpp_view(reads, fmt, cfg, c),
     }
+    if ckpt.wrapped:
+        _wrapped_names(out)
     eagle_files = [f for f, x in ckpt.files.items() if x == "eagle" and f != reads]
     if fmt == "speculators" and eagle_files:
         for r in (out["sglang"], out["sglang_legacy"]):
@@ -208,6 +210,21 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
         if r["loads"]:
             r["mismatches"] += _mismatches(c, r)
     return out
+
+
+def _wrapped_names(out: dict[str, dict[str, Any]]) -> None:
+    """Tensor names saved under `model.` (a whole-model export): vLLM refuses them and llama.cpp's converter
+    maps them (both run here), SGLang reads them (its source). speculators' from_pretrained was not run offline:
+    no statement."""
+    out["vllm"]["loads"] = False
+    out["vllm"]["notes"].append("tensor names carry the prefix 'model.': load_weights prefixes every name but "
+                                "lm_head's with 'model.' again and refuses the draft (no parameter 'model' in "
+                                "LlamaModel): eyas convert DIR OUT")
+    for r in (out["sglang"], out["sglang_legacy"]):
+        r["notes"].append(f"tensor names carry the prefix 'model.': load_weights takes a name it holds as it is "
+                          f"and prefixes 'model.' to the others {sglang.CLASS}")
+    out["llamacpp"]["notes"].append("tensor names carry the prefix 'model.': convert_hf_to_gguf.py maps them like "
+                                    "a target's names (run: every tensor converted)")
 
 
 def consumer_warnings(cons: dict[str, dict[str, Any]]) -> list[dict[str, str]]:

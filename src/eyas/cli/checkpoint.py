@@ -44,6 +44,7 @@ def tensor_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
         "dtypes": dtypes,
         "weight_files": ckpt.weight_files,
         "naming": ckpt.weight_naming,
+        "names_under_model_prefix": ckpt.wrapped,
         "tensors": {
             n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
             for n, t in sorted(ckpt.tensors.items())
@@ -115,7 +116,8 @@ def _tensor_lines(t: dict[str, Any] | None) -> list[str]:
     if t is None:
         return ["tensors:    not read"]
     head = (
-        f"tensors:    {t['count']} in {', '.join(t['weight_files'])} ({t['naming']} naming), "
+        f"tensors:    {t['count']} in {', '.join(t['weight_files'])} ({t['naming']} naming"
+        f"{f', {n} under model.' if (n := t['names_under_model_prefix']) else ''}), "
         f"{t['parameters']:,} parameters, {', '.join(f'{k} x{n}' for k, n in t['dtypes'].items())}"
     )
     return [head] + [f"  {n:<44}{str(x['shape']):<16}{x['dtype']}" for n, x in t["tensors"].items()]

@@ -8,7 +8,6 @@ and the other verbs load only what they need.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from eyas.cli import preflight
@@ -46,5 +45,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        dtype=args.dtype, max_new_tokens=args.max_new_tokens, limit=args.limit,
                        draft_tokens=args.draft_tokens, tree=args.tree, sweep=args.sweep, plot=args.plot,
                        layer_convention=args.layer_convention, device=args.device, progress=args.progress)
-    print(json.dumps(report, indent=2) if args.json else format_bench(report))
+    if args.json:
+        print_json(report)
+    else:
+        print(format_bench(report))
     return 0

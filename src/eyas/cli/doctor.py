@@ -7,10 +7,10 @@ its defaults are filled in here, not in the parser, for the same reason.
 from __future__ import annotations
 
 import argparse
-import json
 
 from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
+from eyas.cli.output import print_json
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -23,5 +23,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                       limit=DEFAULT_LIMIT if args.limit is None else args.limit,
                       max_new_tokens=DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
                       progress=args.progress)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    if args.json:
+        print_json(report)
+    else:
+        print(format_report(report))
     return 0 if report["verdict"] == "ok" else 1

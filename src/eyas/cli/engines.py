@@ -8,10 +8,10 @@ the draft, 2 when the engine is not installed (the error names the install comma
 from __future__ import annotations
 
 import argparse
-import json
 
 from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
+from eyas.cli.output import print_json
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
@@ -22,5 +22,8 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
                          prompts=args.prompts, limit=args.limit, draft_tokens=args.draft_tokens,
                          max_new_tokens=args.max_new_tokens, dump=args.dump, device=args.device,
                          temperature=args.temperature, progress=args.progress)
-    print(json.dumps(report, indent=2) if args.json else format_serve_check(report))
+    if args.json:
+        print_json(report)
+    else:
+        print(format_serve_check(report))
     return 0 if report["agree"] else 1

@@ -8,7 +8,6 @@ Each verb imports the library code it runs (the target, capture, evaluation, the
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from typing import Any
@@ -161,20 +160,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    progress=args.progress)
     if args.plot:
         plot_report(rep, args.plot)
-    print(json.dumps(json_ready(rep), indent=2, allow_nan=False) if args.json else format_eval(rep))
+    if args.json:
+        print_json(rep)
+    else:
+        print(format_eval(rep))
     return 0
-
-
-def json_ready(value: Any) -> Any:
-    """`value` with every NaN or infinity as None (null): a depth no position reached has no
-    acceptance, and the bare NaN json.dumps would print is not JSON that other tools can parse."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_ready(v) for v in value]
-    return value
 
 
 # --- train --------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ progress and logs on stderr, so stdout stays parseable."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,20 @@ def log(msg: str) -> None:
 
 
 def print_json(obj: dict[str, Any]) -> None:
-    print(json.dumps(obj, indent=2))
+    """`obj` as JSON that any parser reads: NaN and infinities (a depth no position reached, a rate of
+    nothing) become null; the bare NaN json.dumps would print is not JSON."""
+    print(json.dumps(json_ready(obj), indent=2, allow_nan=False))
+
+
+def json_ready(value: Any) -> Any:
+    """`value` with every NaN or infinity as None (null), in dicts, lists and tuples at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
 
 
 

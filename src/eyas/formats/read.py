@@ -22,7 +22,16 @@ from eyas.formats.compare import agreement, choose_config, config_paths, disagre
 from eyas.formats.parse import Parsed, load_json, parse_eagle, parse_speculators
 from eyas.formats.schema import LAYER_CONVENTIONS, detect_format
 from eyas.formats.validate import tensor_problems
-from eyas.weights import find_weights, read_tensors, to_canonical, weight_files, weight_layouts, weight_naming
+from eyas.weights import (
+    WRAPPER_PREFIX,
+    find_weights,
+    read_tensors,
+    to_canonical,
+    unwrap,
+    weight_files,
+    weight_layouts,
+    weight_naming,
+)
 
 
 @dataclass
@@ -40,6 +49,7 @@ class Checkpoint:
     warnings: list[dict[str, str]]  # findings (eyas.codes), severity "warning"
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # raw JSON, per file
     weight_naming: str | None = None  # "eagle" (midlayer.*) or "speculators" (layers.0.*) on disk
+    wrapped: int = 0  # how many names on disk carry the wrapping module's prefix `model.` (read through)
     tensors_loaded: bool = False  # False: config only, load_tensors=False, or no weights (strict=False)
     # findings, severity "problem": the config files' disagreements that change the draft, plus (strict=False
     # only) what strict would raise
@@ -104,7 +114,7 @@ def read_checkpoint(
                 "pass the draft folder instead of its config file",
             )
         )
-    tensors, wfiles, naming = loaded or ({}, [], None)
+    tensors, wfiles, naming, wrapped = loaded or ({}, [], None, 0)
     if loaded and len(layouts := weight_layouts(path)) > 1:
         warnings.append(
             finding(
@@ -117,6 +127,9 @@ def read_checkpoint(
         )
     if loaded:
         origin["weight_naming"] = f"{wfiles[0]}: " + ("midlayer.*" if naming == "eagle" else "layers.0.*")
+        origin["weight_naming"] += f", under {WRAPPER_PREFIX!r}" if wrapped else ""
+    if wrapped:
+        warnings.append(_wrapped_names(path / wfiles[0], wrapped, len(tensors)))
     contract = _build_contract(p, tensors if loaded else None, facts, origin)
     if loaded and contract.unsupported:  # no tensor layout to check against: running it is refused instead
         warnings.append(
@@ -143,6 +156,7 @@ def read_checkpoint(
         warnings=warnings,
         configs=configs,
         weight_naming=naming,
+        wrapped=wrapped,
         tensors_loaded=bool(loaded),
         problems=[d for d in disagree if "problem" in d] + issues.problems,
     )
@@ -170,8 +184,9 @@ def _parse_files(
     return parsed, files, configs
 
 
-def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor], list[str], str] | None:
-    """(canonical tensors, weight files, on-disk naming), or None (an issue) when the folder has no weights.
+def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor], list[str], str, int] | None:
+    """(canonical tensors, weight files, on-disk naming, names under `model.`), or None (an issue) when the
+    folder has no weights.
 
     Weights that are there but cannot be read raise: that is unreadable input, not a finding.
     """
@@ -187,9 +202,22 @@ def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor],
         )
         return None
     files = weight_files(path)
-    raw = read_tensors(path)
+    raw, wrapped = unwrap(read_tensors(path), str(path / files[0]))
     naming = weight_naming(raw)
-    return to_canonical(raw, naming, str(path / files[0])), files, naming
+    return to_canonical(raw, naming, str(path / files[0])), files, naming, wrapped
+
+
+def _wrapped_names(weights: Path, wrapped: int, total: int) -> dict[str, str]:
+    """The warning on names saved under the wrapping module's prefix: eyas and SGLang read through it
+    (SGLang adds `model.` only where it is missing), vLLM 0.32 adds it to every name but lm_head's and
+    refuses to load (`There is no module or parameter named 'model' in LlamaModel`, run here)."""
+    return finding(
+        "weights_prefixed",
+        "weights",
+        f"{weights}: {wrapped} of {total} tensor names carry the prefix {WRAPPER_PREFIX!r} (a whole-model export): "
+        f"eyas and SGLang read through it, vLLM prefixes them again and refuses to load the draft",
+        "eyas convert DIR OUT writes the names without it",
+    )
 
 
 def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[str, str]) -> DraftContract:
