@@ -111,6 +111,26 @@ def names_under_model_prefix(d: Path) -> Path:
     return d
 
 
+def unregistered_architecture(d: Path) -> Path:
+    """An eagle config naming a class vLLM has not registered (SpecForge's QwQ config at 2ec57dd3 does)."""
+    return _edit(_export(d, "eagle"), lambda cfg: cfg.update(architectures=["Qwen2ForCausalLMEagle3"]))
+
+
+def specforge_aux_norm(d: Path) -> Path:
+    """fc_norm in a SpecForge branch's spelling (ceefdebd): use_aux_norm and aux_norm_low/mid/high tensors."""
+    def edit(cfg):
+        cfg.pop("fc_norm", None)
+        cfg["eagle_config"].pop("fc_norm", None)
+        cfg["use_aux_norm"] = True
+    _edit(_export(d, "eagle"), edit)
+    w = d / "model.safetensors"
+    tensors = load_file(w)
+    width = tensors["fc.weight"].shape[1] // 3
+    tensors.update({f"aux_norm_{k}.weight": tensors["norm.weight"].new_ones(width) for k in ("low", "mid", "high")})
+    save_file(tensors, w)
+    return d
+
+
 def four_layers(fmt: str):
     """A fresh (random) draft reading four target states, as `fmt`."""
     def make(d: Path) -> Path:
@@ -131,6 +151,8 @@ VARIANTS = {
     "eagle_norm_before_residual_absent": eagle_norm_before_residual_absent,
     "own_embeddings": own_embeddings(0.01),
     "names_under_model_prefix": names_under_model_prefix,
+    "unregistered_architecture": unregistered_architecture,
+    "specforge_aux_norm": specforge_aux_norm,
     "four_layers_speculators": four_layers("speculators"),
     "four_layers_eagle": four_layers("eagle"),
 }

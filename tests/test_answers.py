@@ -79,6 +79,14 @@ def test_a_lean_copy_that_would_not_fit_leaves_the_answers_to_generate(llama, mo
     assert answers._lean_if_it_fits(llama, torch.Size([4, 14]), 20) is not None  # the copy exists: kept
 
 
+def test_gpu_memory_cached_by_torch_counts_as_free(monkeypatch):
+    """After a large batch PyTorch keeps its peak reserved; the driver calls it taken, the size checks must not."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1_000, 80_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 50_000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 20_000)
+    assert devices.free_bytes(torch.device("cuda", 0)) == 31_000
+
+
 def test_sampled_answers_follow_the_targets_distribution(tmp_path):
     """Two prompts of different lengths in one padded batch, 400 rows each, three tokens: each row's
     tokens follow its own prompt's warped distribution (Pearson, down the prefix tree)."""

@@ -118,7 +118,8 @@ def parse_published_quirks(tmp_path):
     """What real published configs carry: a target's model_type, both dtype keys, tied embeddings, a MoE layer."""
     c = tiny_contract()
     cfg = _eagle(c)
-    cfg.update(model_type="phi3", dtype="bfloat16", torch_dtype="float16", tie_word_embeddings=True)
+    cfg.update(model_type="phi3", dtype="bfloat16", torch_dtype="float16", tie_word_embeddings=True,
+               target_model_type="gemma3_text")  # SpecForge at ceefdebd scaled a Gemma draft's embeddings
     found = _read(_folder(tmp_path / "d", {"config.json": cfg}, random_tensors(c)))
     found |= _mismatches(tmp_path / "d")  # SGLang ties lm_head to embed_tokens
     moe = dict(cfg, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLMEagle3"], num_experts=8)
@@ -244,7 +245,10 @@ def check_folder(tmp_path):
     path = _folder(tmp_path / "d", {"config.json": speculators_config(c)}, random_tensors(c))
     shutil.copy(path / "model.safetensors", path / "pytorch_model.bin")  # read as the first layout: never loaded
     found = _codes(check_checkpoint(path).warnings)
-    save_file({"model." + n: x for n, x in load_file(path / "model.safetensors").items()}, path / "model.safetensors")
+    tensors = load_file(path / "model.safetensors")
+    save_file({"model." + n: x for n, x in tensors.items()}, path / "model.safetensors")
+    found |= _codes(check_checkpoint(path).warnings)
+    save_file({**tensors, "aux_norm_low.weight": torch.ones(c.target_hidden_size)}, path / "model.safetensors")
     found |= _codes(check_checkpoint(path).warnings)
     (path / "model.safetensors").unlink()
     (path / "pytorch_model.bin").unlink()
@@ -277,6 +281,7 @@ SCENARIOS = {  # scenario: the codes it must produce
     parse_fc_skipped: {"fc_skipped"},
     parse_published_quirks: {
         "layer_type_unknown", "dtype_conflict", "tie_word_embeddings", "consumer_ties_lm_head", "draft_not_runnable",
+        "embed_scale_ignored",
     },
     parse_config_alone: {"tensors_not_checked"},
     tensors_wrong: {
@@ -295,7 +300,8 @@ SCENARIOS = {  # scenario: the codes it must produce
         "target_context_longer", "target_architectures", "verifier_name_missing", "verifier_not_portable",
         "rope_theta_absent",
     },
-    check_folder: {"weights_missing", "target_not_given", "weights_layouts_several", "weights_prefixed"},
+    check_folder: {"weights_missing", "target_not_given", "weights_layouts_several", "weights_prefixed",
+                   "weights_aux_norm_names"},
     consumer_views: {
         "consumer_capture_default", "consumer_capture_layers", "consumer_norm_flags", "consumer_replaces_embeddings",
         "consumer_no_vocab_map", "consumer_builds_qwen3",

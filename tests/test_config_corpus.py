@@ -32,12 +32,12 @@ ENGINES = ("vllm", "sglang", "sglang_legacy", "speculators", "llamacpp")
 
 # file: (format, contract capture_layers, layer_type, eyas runs it, {engine: capture per its view})
 TABLE: dict[str, tuple] = {
-    "angelslim/cosyvoice3-llm-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, X)),
+    "angelslim/cosyvoice3-llm-eagle3.json": ("eagle", None, "llama", True, (X, X, X, X, X)),
     "angelslim/hunyuan-7b-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "angelslim/qwen2-audio-7b-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "angelslim/qwen2.5-vl-7b-eagle3-mrope.json": ("eagle", None, "llama", False, (N, X, X, X, N)),
     "angelslim/qwen3-8b-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
-    "angelslim/qwen3-vl-8b-eagle3-mrope.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
+    "angelslim/qwen3-vl-8b-eagle3-mrope.json": ("eagle", None, "llama", False, (N, X, X, X, N)),
     "safeailab-eagle/traineagle3-config.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "specforge/deepseek-r1-eagle3.json": ("eagle", None, "deepseek_v3", False, (X, X, X, X, X)),
     "specforge/deepseek-v2-lite-eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
@@ -68,6 +68,19 @@ TABLE: dict[str, tuple] = {
     "torchspec/minimax_m25_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
     "torchspec/qwen3_8b_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
     "torchspec/qwen3_8b_eagle3_mla.json": ("eagle", None, "deepseek_v3", False, (X, N, N, X, X)),
+    "angelslim/qwen3-4b-eagle3-arch-typo.json": ("eagle", None, "llama", True, (X, X, X, X, X)),
+    "specforge/gemma3-27b-eagle3-aux-norm.json": (
+        "eagle", [2, 30, 62], "llama", True, ([1, 29, 61], [2, 30, 62], [2, 30, 62], X, N)),
+    "specforge/gemma4-26b-a4b-eagle3.json": (
+        "eagle", [5, 17, 29], "llama", True, ([5, 17, 29], [5, 17, 29], [6, 18, 30], X, N)),
+    "specforge/qwen3-8b-peagle.json": ("eagle", None, "llama", False, (X, X, X, X, X)),
+    "specforge/qwen3-vl-235b-eagle3.json": (
+        "eagle", [3, 46, 90], "llama", False, ([3, 46, 90], [3, 46, 90], [4, 47, 91], X, N)),
+    "specforge/qwen3-vl-8b-eagle3-mrope-default.json": (
+        "eagle", [3, 17, 32], "llama", False, ([3, 17, 32], [3, 17, 32], [4, 18, 33], X, N)),
+    "specforge/qwq-32B-eagle3-2ec57dd3.json": ("eagle", None, "llama", True, (X, X, X, X, X)),
+    "specforge/step-3.5-flash-eagle3.json": (
+        "eagle", [4, 20, 40], "llama", True, ([4, 20, 40], [4, 20, 40], [5, 21, 41], X, N)),
 }
 FILES = sorted(TABLE)
 
@@ -212,3 +225,10 @@ def test_modelopt_layout_flags_name_what_eyas_lacks(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     unsupported = read_checkpoint(tmp_path / "config.json").contract.unsupported
     assert unsupported == "missing final norm before lm_head (eagle_config.use_last_layernorm false)"
+
+
+def test_a_specforge_aux_norm_config_is_read_as_fc_norm_and_every_engine_is_said_to_miss_it():
+    ckpt = read_checkpoint(_path("specforge/gemma3-27b-eagle3-aux-norm.json"))
+    assert ckpt.contract.fc_norm and "use_aux_norm" in ckpt.origin["fc_norm"]
+    said = {name for name, r in consumers(ckpt).items() for m in r["mismatches"] if m["field"] == "fc_norm"}
+    assert said == {"vllm", "sglang", "sglang_legacy", "llamacpp"}

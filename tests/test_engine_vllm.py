@@ -129,6 +129,10 @@ def test_refusal_is_reported_and_was_predicted_by_check(reports):
     assert r["refusal_predicted"]
     r = reports["names_under_model_prefix"]  # eyas reads through the prefix; vLLM prefixes every name again
     assert not r["loaded"] and "no module or parameter named 'model'" in r["error"] and r["refusal_predicted"]
+    r = reports["unregistered_architecture"]
+    assert not r["loaded"] and "Qwen2ForCausalLMEagle3" in r["error"] and r["refusal_predicted"]
+    r = reports["specforge_aux_norm"]  # eyas reads aux_norm_* as fc_norm.*; vLLM has no parameter of that name
+    assert not r["loaded"] and "aux_norm_" in r["error"] and r["refusal_predicted"]
 
 
 @pytest.mark.engine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -174,6 +175,41 @@ def test_both_spellings_of_a_tensor_are_refused(tmp_path):
     src = _save(tmp_path / "src", {"config.json": eagle_config(c)}, t)
     save_file({**t, "model.fc.weight": t["fc.weight"].clone()}, str(src / "model.safetensors"))
     with pytest.raises(FormatError, match=r"model.safetensors: holds both 'fc.weight' and 'model.fc.weight'"):
+        read_checkpoint(src)
+
+
+def test_specforge_aux_norm_is_read_as_fc_norm_and_converted_to_it(tmp_path):
+    """A SpecForge branch's `use_aux_norm` draft (ceefdebd): its flag is fc_norm, its aux_norm_low/mid/high
+    tensors are fc_norm.0/1/2; engines read neither spelling (vLLM refuses the names: tests/engine_variants.py)."""
+    c = tiny_contract(fc_norm=True)
+    t = random_tensors(c)
+    cfg = eagle_config(c)
+    cfg.pop("fc_norm", None)
+    cfg["eagle_config"].pop("fc_norm", None)
+    cfg["use_aux_norm"] = True
+    specforge = {"fc_norm.0.weight": "aux_norm_low.weight", "fc_norm.1.weight": "aux_norm_mid.weight",
+                 "fc_norm.2.weight": "aux_norm_high.weight"}
+    on_disk = {specforge.get(n, n): x for n, x in from_canonical(t, "eagle").items()}
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(cfg))
+    save_file(on_disk, str(src / "model.safetensors"))
+    ck = read_checkpoint(src)
+    assert replace(ck.contract, verifier=c.verifier) == c and _same_tensors(ck.tensors, t) and not ck.problems
+    assert "use_aux_norm" in ck.origin["fc_norm"]
+    assert "weights_aux_norm_names" in {w["code"] for w in ck.warnings}
+    views = consumers(ck)
+    assert not views["vllm"]["loads"]
+    assert any("uses fc_norm=False" in m["problem" if "problem" in m else "warning"]
+               for m in views["sglang"]["mismatches"])
+    _, out = convert_checkpoint(src, tmp_path / "out", "eagle")
+    with safe_open(tmp_path / "out" / "model.safetensors", "pt") as f:
+        assert {"fc_norm.0.weight", "fc_norm.2.weight"} <= set(f.keys())
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["fc_norm"] is True
+    assert out.aux_norm_names == 0 and out.contract == ck.contract
+    cfg["fc_norm"] = False
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="'fc_norm' is false but 'use_aux_norm' is true"):
         read_checkpoint(src)
 
 
@@ -677,3 +713,20 @@ def test_weights_that_are_not_finite_are_named_with_their_counts(tmp_path):
     with pytest.raises(ContractError, match="fc.weight holds 3 nan"):
         write_checkpoint(tmp_path / "out", c, random_tensors(c) | {"fc.weight": fc}, "eagle")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    ({"embed_scale": 8.0}, "embed_scale 8.0: its trainer multiplied"),
+    ({"target_model_type": "gemma3_text"}, "sqrt(hidden_size) = 8.0"),  # the tiny draft's hidden 64
+    ({"embed_scale": 1.0, "target_model_type": "gemma3_text"}, None),  # stated unscaled: nothing to say
+    ({"target_model_type": "llama"}, None),
+])
+def test_a_scaled_embedding_is_warned(tmp_path, fields, said):
+    c = tiny_contract()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**eagle_config(c), **fields}))
+    found = [w["warning"] for w in read_checkpoint(path).warnings if w["code"] == "embed_scale_ignored"]
+    if said is None:
+        assert not found
+    else:
+        assert len(found) == 1 and said in found[0]

@@ -183,8 +183,18 @@ def test_rename_rule_covers_every_key_and_round_trips():
 
 def test_both_spellings_of_one_tensor_are_refused():
     x = torch.ones(2)
-    with pytest.raises(FormatError, match="both 'layers.0.norm' and its eagle spelling 'midlayer.norm'"):
+    with pytest.raises(FormatError, match="both 'layers.0.norm' and 'midlayer.norm', two spellings of 'layers.0.norm'"):
         to_canonical({"layers.0.norm": x, "midlayer.norm": x}, "eagle")
+    with pytest.raises(FormatError, match="both 'fc_norm.2.weight' and 'aux_norm_high.weight'"):
+        to_canonical({"fc_norm.2.weight": x, "aux_norm_high.weight": x}, "speculators")
+
+
+def test_specforge_aux_norm_names_are_fc_norm_in_capture_order():
+    x = [torch.full((2,), float(i)) for i in range(3)]
+    got = to_canonical({"aux_norm_low.weight": x[0], "aux_norm_mid.weight": x[1], "aux_norm_high.weight": x[2],
+                        "midlayer.hidden_norm.weight": x[0]}, "eagle")
+    assert sorted(got) == ["fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight", "layers.0.hidden_norm.weight"]
+    assert [got[f"fc_norm.{i}.weight"][0].item() for i in range(3)] == [0.0, 1.0, 2.0]
 
 
 def test_write_is_bit_exact_and_unties_shared_storage(tmp_path, tensors):

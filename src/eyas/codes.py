@@ -55,6 +55,9 @@ CODES: dict[str, Code] = {
         "rope", "rope_scaling and rope_parameters name different rope types (transformers 4 vs 5)"
     ),
     "tensors_not_checked": _warning(None, "a lone config file was read: the weights were not checked"),
+    "embed_scale_ignored": _warning(
+        None, "the draft's trainer scaled its token embeddings (SpecForge, Gemma targets); engines do not"
+    ),
     # --- a folder's config files against each other (eyas.formats.compare) ---
     "config_files_disagree_capture_layers": _problem("config_file", "the config files name different capture layers"),
     "config_files_disagree_norm_flags": _problem("config_file", "the config files set a norm flag differently"),
@@ -72,6 +75,7 @@ CODES: dict[str, Code] = {
     # --- weights and tensors against the contract (eyas.formats.read, eyas.formats.validate) ---
     "weights_missing": _problem(None, "the folder holds no weights file"),
     "weights_layouts_several": _warning(None, "weights in more than one layout: readers load different ones"),
+    "weights_aux_norm_names": _warning(None, "fc_norm stored under SpecForge's aux_norm_* names: vLLM refuses them"),
     "weights_prefixed": _warning(None, "tensor names carry a whole-model export's 'model.' prefix: vLLM refuses them"),
     "layers_missing": _problem(None, "num_hidden_layers counts a decoder layer that is not stored"),
     "layers_extra": _problem(None, "a decoder layer is stored beyond num_hidden_layers"),

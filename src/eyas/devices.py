@@ -49,9 +49,12 @@ def on_gpu(device: str | torch.device | None) -> bool:
 
 
 def free_bytes(device: torch.device) -> int:
-    """Memory free on `device` now: MemAvailable for the CPU, the driver's free bytes for a GPU."""
+    """Memory free on `device` now: MemAvailable for the CPU; for a GPU the driver's free bytes plus what
+    PyTorch's allocator holds cached but unused (the driver counts that as taken: after one large batch,
+    every later size check would read the earlier peak as spent)."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + cached
     try:
         for line in _MEMINFO.read_text().splitlines():
             if line.startswith("MemAvailable:"):

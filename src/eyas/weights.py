@@ -36,6 +36,8 @@ WEIGHTS_FILE = "model.safetensors"  # what eyas writes
 # The one rename rule: eagle on-disk prefix <-> canonical prefix.
 _EAGLE_PREFIX, _CANONICAL_PREFIX = "midlayer.", "layers.0."
 WRAPPER_PREFIX = "model."  # the wrapping module's prefix some exports leave on the draft's names
+# fc_norm's chunks under the names a SpecForge branch gives them (ceefdebd, `use_aux_norm`), in capture order
+AUX_NORM_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
 
 # What safetensors and torch raise on a file that lies about itself: its own error for a bad header,
 # OSError for an unreadable or vanished file, the rest for dtypes or sizes torch cannot hold.
@@ -223,23 +225,30 @@ def unwrap(tensors: dict[str, torch.Tensor], source: str = "weights") -> tuple[d
 def to_canonical(tensors: dict[str, torch.Tensor], fmt: str, source: str = "weights") -> dict[str, torch.Tensor]:
     """On-disk names of format `fmt` -> canonical (speculators) names.
 
-    eagle: `midlayer.x` -> `layers.0.x`; a file holding both spellings of one tensor is refused
-    (`source` names it in the error).
+    eagle: `midlayer.x` -> `layers.0.x`; either format: `aux_norm_low.x` -> `fc_norm.0.x` (and mid, high).
+    A file holding two spellings of one tensor is refused (`source` names it in the error).
     """
-    if fmt == "speculators":
-        return dict(tensors)
-    _check_fmt(fmt)
+    if fmt != "speculators":
+        _check_fmt(fmt)
     out: dict[str, torch.Tensor] = {}
+    spelled: dict[str, str] = {}
     for name, t in tensors.items():
-        canon = _CANONICAL_PREFIX + name[len(_EAGLE_PREFIX) :] if name.startswith(_EAGLE_PREFIX) else name
+        canon = _canonical_name(name, fmt)
         if canon in out:
             raise FormatError(
-                f"{source}: holds both {canon!r} and its eagle spelling "
-                f"{_EAGLE_PREFIX + canon[len(_CANONICAL_PREFIX) :]!r}",
-                "keep one of the two (midlayer.* is the EAGLE name of layers.0.*)",
+                f"{source}: holds both {spelled[canon]!r} and {name!r}, two spellings of {canon!r}",
+                "keep one of the two (midlayer.* is the EAGLE name of layers.0.*, aux_norm_low/mid/high.* a "
+                "SpecForge name of fc_norm.0/1/2.*)",
             )
-        out[canon] = t
+        out[canon], spelled[canon] = t, name
     return out
+
+
+def _canonical_name(name: str, fmt: str) -> str:
+    if fmt == "eagle" and name.startswith(_EAGLE_PREFIX):
+        return _CANONICAL_PREFIX + name[len(_EAGLE_PREFIX) :]
+    old = next((o for o in AUX_NORM_NAMES if name.startswith(o)), None)
+    return name if old is None else AUX_NORM_NAMES[old] + name[len(old) :]
 
 
 def from_canonical(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:

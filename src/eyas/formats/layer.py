@@ -46,7 +46,7 @@ def _dense_class(archs: tuple[str, ...]) -> str | None:
     if not archs or archs[0] in SPECULATORS_ARCHS:
         return None
     name = archs[0].lower()
-    if any(k in name for k in ("moe", "nextn", "mtp", "deepseek")):
+    if any(k in name for k in ("moe", "nextn", "mtp", "deepseek", "peagle")):
         return None
     if "llama" in name:
         return "llama"
@@ -69,6 +69,8 @@ def _unrunnable_parts(cfg: dict[str, Any], archs: tuple[str, ...]) -> list[str]:
         parts.append(f"mixture-of-experts MLP (model_type {mt!r})")
     if any(k in arch.lower() for k in ("nextn", "mtp")):
         parts.append(f"NextN/MTP layer ({arch})")
+    if "peagle" in arch.lower():  # drafts k tokens in one pass from mask-token placeholders: eyas drafts in a chain
+        parts.append(f"parallel drafting (P-EAGLE, {arch})")
     return parts
 
 

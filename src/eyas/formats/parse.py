@@ -20,6 +20,7 @@ from eyas.contract import IDS, default_capture_layers
 from eyas.errors import FormatError
 from eyas.formats.layer import DraftLayer, draft_layer
 from eyas.formats.schema import NORM_FLAGS
+from eyas.formats.specforge import SCALED_FIX, embed_scale, use_aux_norm
 from eyas.formats.values import (
     flag,
     layer_count,
@@ -52,10 +53,10 @@ def load_json(path: Path) -> dict[str, Any]:
     try:
         cfg = json.loads(content)
     except json.JSONDecodeError as e:
-        raise FormatError(
-            f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}",
-            "fix the JSON syntax at that position (a trailing comma or a missing quote is typical)",
-        ) from None
+        fix = ("remove the UTF-8 byte-order mark the file starts with (transformers and SpecForge refuse it too)"
+               if content.startswith("\ufeff") else
+               "fix the JSON syntax at that position (a trailing comma or a missing quote is typical)")
+        raise FormatError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}", fix) from None
     except (ValueError, RecursionError) as e:  # JSON Python will not hold: a 5000-digit integer, deep nesting
         raise FormatError(f"{path}: unreadable JSON ({type(e).__name__}: {str(e)[:100]})",
                           "a config holds plain numbers and shallow objects: export it again") from None
@@ -168,8 +169,10 @@ def _read_rope(p: Parsed, src: dict, where: str) -> None:
         said = "plain rope" if stated else "absent"
         p.set("rope_scaling", None, f"none ({where}rope_scaling {said})", assumed=not stated)
     used = p.fields["rope_scaling"] or {}
-    if _type(used) == "mrope":  # 3-D positions: the drafter has 1-D rope only
-        p.unrunnable.append(f"multimodal rope (rope type 'mrope', mrope_section {show(used.get('mrope_section'))})")
+    if _type(used) == "mrope" or "mrope_section" in used:  # 3-D positions (engines build them from
+        # mrope_section under any rope type): the drafter has 1-D rope only
+        section = show(used.get("mrope_section"))
+        p.unrunnable.append(f"multimodal rope (rope type {_type(used)!r}, mrope_section {section})")
 
 
 def _type(scaling: dict) -> str:
@@ -274,6 +277,21 @@ def _layer_source(cfg: dict) -> tuple[dict, str]:
     if cfg.get("hidden_size") is None and isinstance(tc, dict) and tc.get("hidden_size") is not None:
         return tc, "text_config."
     return cfg, ""
+
+
+def _read_specforge_fields(p: Parsed, cfg: dict) -> None:
+    """A SpecForge branch's own fields (eyas.formats.specforge): use_aux_norm is fc_norm under another
+    name; a scaled embedding is warned."""
+    aux = use_aux_norm(p.file, cfg)
+    if aux is not None and "fc_norm" in p.assumed:
+        p.set("fc_norm", aux, f"{p.file}: use_aux_norm (SpecForge's earlier name of fc_norm)")
+    elif aux is not None and p.fields["fc_norm"] != aux:
+        raise FormatError(
+            f"{p.file}: field 'fc_norm' is {str(p.fields['fc_norm']).lower()} but 'use_aux_norm' is {str(aux).lower()}",
+            "make them agree (use_aux_norm is SpecForge's earlier name of fc_norm)",
+        )
+    if (scaled := embed_scale(p.file, cfg, p.fields["hidden_size"])) is not None:
+        p.warn("embed_scale_ignored", scaled[0], f"{p.file}: {scaled[1]}", SCALED_FIX)
 
 
 # ModelOpt's eagle_config layout keys: EAGLE-3's own values, and the part a draft lacks or adds otherwise
@@ -405,6 +423,7 @@ def parse_eagle(cfg: dict, file: str, n_target: int | None, layer_convention: st
             f"in {file} set eagle_config.use_aux_hidden_state = true",
         )
     _read_modelopt_layout(p, ec)
+    _read_specforge_fields(p, cfg)
     _eagle_capture(p, cfg, ec, n_target, layer_convention)
     ver = cfg.get("verifier")  # written by eyas; not part of the EAGLE schema
     if ver is None:

@@ -23,6 +23,7 @@ from eyas.formats.parse import Parsed, load_json, parse_eagle, parse_speculators
 from eyas.formats.schema import LAYER_CONVENTIONS, detect_format
 from eyas.formats.validate import tensor_problems
 from eyas.weights import (
+    AUX_NORM_NAMES,
     WRAPPER_PREFIX,
     find_weights,
     read_tensors,
@@ -50,6 +51,7 @@ class Checkpoint:
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # raw JSON, per file
     weight_naming: str | None = None  # "eagle" (midlayer.*) or "speculators" (layers.0.*) on disk
     wrapped: int = 0  # how many names on disk carry the wrapping module's prefix `model.` (read through)
+    aux_norm_names: int = 0  # fc_norm chunks stored under SpecForge's aux_norm_low/mid/high names (read as fc_norm)
     tensors_loaded: bool = False  # False: config only, load_tensors=False, or no weights (strict=False)
     # findings, severity "problem": the config files' disagreements that change the draft, plus (strict=False
     # only) what strict would raise
@@ -114,7 +116,7 @@ def read_checkpoint(
                 "pass the draft folder instead of its config file",
             )
         )
-    tensors, wfiles, naming, wrapped = loaded or ({}, [], None, 0)
+    tensors, wfiles, naming, wrapped, aux_names = loaded or ({}, [], None, 0, 0)
     if loaded and len(layouts := weight_layouts(path)) > 1:
         warnings.append(
             finding(
@@ -130,6 +132,8 @@ def read_checkpoint(
         origin["weight_naming"] += f", under {WRAPPER_PREFIX!r}" if wrapped else ""
     if wrapped:
         warnings.append(_wrapped_names(path / wfiles[0], wrapped, len(tensors)))
+    if aux_names:
+        warnings.append(_aux_norm_names(path / wfiles[0]))
     contract = _build_contract(p, tensors if loaded else None, facts, origin)
     if loaded and contract.unsupported:  # no tensor layout to check against: running it is refused instead
         warnings.append(
@@ -157,6 +161,7 @@ def read_checkpoint(
         configs=configs,
         weight_naming=naming,
         wrapped=wrapped,
+        aux_norm_names=aux_names,
         tensors_loaded=bool(loaded),
         problems=[d for d in disagree if "problem" in d] + issues.problems,
     )
@@ -184,9 +189,9 @@ def _parse_files(
     return parsed, files, configs
 
 
-def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor], list[str], str, int] | None:
-    """(canonical tensors, weight files, on-disk naming, names under `model.`), or None (an issue) when the
-    folder has no weights.
+def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor], list[str], str, int, int] | None:
+    """(canonical tensors, weight files, on-disk naming, names under `model.`, names `aux_norm_*`), or None
+    (an issue) when the folder has no weights.
 
     Weights that are there but cannot be read raise: that is unreadable input, not a finding.
     """
@@ -204,7 +209,20 @@ def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor],
     files = weight_files(path)
     raw, wrapped = unwrap(read_tensors(path), str(path / files[0]))
     naming = weight_naming(raw)
-    return to_canonical(raw, naming, str(path / files[0])), files, naming, wrapped
+    aux_names = sum(n.startswith(tuple(AUX_NORM_NAMES)) for n in raw)
+    return to_canonical(raw, naming, str(path / files[0])), files, naming, wrapped, aux_names
+
+
+def _aux_norm_names(weights: Path) -> dict[str, str]:
+    """The warning on fc_norm stored under SpecForge's names: eyas reads them, vLLM 0.32 has no parameter of
+    that name and refuses to load the draft (run here)."""
+    return finding(
+        "weights_aux_norm_names",
+        "weights",
+        f"{weights}: aux_norm_low/mid/high are SpecForge's names of fc_norm.0/1/2 (use_aux_norm): eyas reads "
+        "them, vLLM has no parameter of that name and refuses to load the draft",
+        "eyas convert DIR OUT writes them as fc_norm.* with fc_norm true",
+    )
 
 
 def _wrapped_names(weights: Path, wrapped: int, total: int) -> dict[str, str]:
