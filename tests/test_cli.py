@@ -332,6 +332,10 @@ def _bad_disagree(p, c):
     (p / "config_speculators.json").write_text(json.dumps(cfg))
 
 
+def _bad_bom(p, c):  # SpecForge's qwen3-32b/4b configs at b185edc0 start with one; transformers refuses them too
+    (p / "config.json").write_text("\ufeff" + (p / "config.json").read_text(), encoding="utf-8")
+
+
 def _bad_pickle(p, c):
     (p / "model.safetensors").unlink()
     torch.save({"fc.weight": torch.ones(1), "x": _Evil()}, p / "pytorch_model.bin")
@@ -348,6 +352,7 @@ BAD = {  # name: (damage, file named, field named, exit code of check)
     "d2t out of range": (_bad_d2t_range, "model.safetensors", "d2t", 1),
     "d2t not increasing": (_bad_d2t_order, "model.safetensors", "d2t", 1),
     "t2d count": (_bad_t2d_count, "model.safetensors", "t2d", 1),
+    "byte-order mark": (_bad_bom, "config.json", "UTF-8 BOM", 2),
     "pickle refused": (_bad_pickle, "pytorch_model.bin", "weights_only", 2),  # unreadable: exit 2
 }
 

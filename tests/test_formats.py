@@ -730,3 +730,11 @@ def test_a_scaled_embedding_is_warned(tmp_path, fields, said):
         assert not found
     else:
         assert len(found) == 1 and said in found[0]
+
+
+def test_a_config_led_by_a_byte_order_mark_is_refused_with_its_own_hint(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("\ufeff" + json.dumps(eagle_config(tiny_contract())), encoding="utf-8")
+    with pytest.raises(FormatError) as e:
+        read_checkpoint(path)
+    assert "UTF-8 BOM" in str(e.value) and "byte-order mark" in e.value.hint
