@@ -39,6 +39,7 @@ TABLE: dict[str, tuple] = {
     "angelslim/qwen3-8b-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "angelslim/qwen3-vl-8b-eagle3-mrope.json": ("eagle", None, "llama", False, (N, X, X, X, N)),
     "safeailab-eagle/traineagle3-config.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
+    "safeailab-eagle/traineagle3-config-pr326-granite.json": ("eagle", None, "llama", False, (N, X, X, X, N)),
     "specforge/deepseek-r1-eagle3.json": ("eagle", None, "deepseek_v3", False, (X, X, X, X, X)),
     "specforge/deepseek-v2-lite-eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
     "specforge/deepseek-v3-671b-eagle3.json": (
@@ -61,6 +62,7 @@ TABLE: dict[str, tuple] = {
     "specforge/qwq-32B-eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
     "speculators-research/llama3_8_B.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "speculators-research/qwen3config.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
+    "speculators-research/llama33_70b_head_k3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "speculators/issue-1065-qwen3moe-eagle3.json": (
         "speculators", [2, 46, 91, 93], "llama", True, (X, X, X, [2, 46, 91, 93], X)),
     "torchspec/kimi_k25_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),

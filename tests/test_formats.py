@@ -738,3 +738,23 @@ def test_a_config_led_by_a_byte_order_mark_is_refused_with_its_own_hint(tmp_path
     with pytest.raises(FormatError) as e:
         read_checkpoint(path)
     assert "UTF-8 BOM" in str(e.value) and "byte-order mark" in e.value.hint
+
+
+def test_granite_scalings_are_named_and_llamas_own_values_pass(tmp_path):
+    """A draft layer that scales embeddings, scores, residual adds or logits (Granite's keys, as an EAGLE
+    pull request wrote them) computes what no EAGLE-3 draft class of vLLM or eyas does."""
+    c = tiny_contract()  # head_dim 16: Llama's score scale is 0.25
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**eagle_config(c), "residual_multiplier": 0.22, "attention_multiplier": 0.25}))
+    assert read_checkpoint(path).contract.unsupported == "Granite-style scaling (residual_multiplier 0.22)"
+    path.write_text(json.dumps({**eagle_config(c), "embedding_multiplier": 1, "attention_multiplier": 0.25}))
+    assert read_checkpoint(path).contract.unsupported is None
+
+
+def test_a_training_config_with_target_vocab_size_is_refused_with_the_renaming(tmp_path):
+    path = tmp_path / "config.json"
+    cfg = {k: v for k, v in eagle_config(tiny_contract()).items() if k not in ("draft_vocab_size", "eagle_config")}
+    path.write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "target_vocab_size": 1000}))
+    with pytest.raises(FormatError) as e:
+        read_checkpoint(path)
+    assert "vocab_size = its target_vocab_size and draft_vocab_size = its vocab_size" in e.value.hint

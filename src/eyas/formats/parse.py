@@ -10,6 +10,7 @@ checkpoint (`auto_map` is ignored).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,18 @@ def _read_dims(p: Parsed, src: dict, where: str) -> None:
     p.read(src, "hidden_act", text, where=where, default="silu")
     p.read(src, "attention_bias", flag, where=where, default=False)
     _read_rope(p, src, where)
+    _read_multipliers(p, src, where)
+
+
+def _read_multipliers(p: Parsed, src: dict, where: str) -> None:
+    """Granite's scalings (embeddings, attention scores, each residual add, logits): a draft layer with
+    any but Llama's values computes something no EAGLE-3 draft class of vLLM or eyas computes."""
+    llama = {"embedding_multiplier": 1.0, "attention_multiplier": p.fields["head_dim"] ** -0.5,
+             "residual_multiplier": 1.0, "logits_scaling": 1.0}
+    other = [f"{where}{k} {show(src[k])}" for k, v in llama.items()
+             if src.get(k) is not None and not math.isclose(positive(p.file, where + k, src[k]), v)]
+    if other:
+        p.unrunnable.append(f"Granite-style scaling ({', '.join(other)})")
 
 
 def _read_rope(p: Parsed, src: dict, where: str) -> None:

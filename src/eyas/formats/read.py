@@ -167,6 +167,12 @@ def read_checkpoint(
     )
 
 
+# speculators' research trainer before 2992f3aa named the draft's vocab vocab_size and the target's
+# target_vocab_size; engines read vocab_size as the target's (that commit renamed them to match)
+_TRAINING_VOCAB = ("a training config (target_vocab_size): for serving write vocab_size = its target_vocab_size "
+                   "and draft_vocab_size = its vocab_size")
+
+
 def _parse_files(
     path: Path, n_target: int | None, conv: str | None
 ) -> tuple[dict[str, Parsed], dict[str, str], dict[str, dict[str, Any]]]:
@@ -179,8 +185,8 @@ def _parse_files(
             raise FormatError(
                 f"{p}: neither a speculators config (no 'speculators_model_type') nor an EAGLE-3 config "
                 "(no 'draft_vocab_size', 'eagle_config' or Eagle3 architecture)",
-                "a target model's config goes to --target; a draft config needs one of "
-                "those fields",
+                _TRAINING_VOCAB if "target_vocab_size" in cfg else
+                "a target model's config goes to --target; a draft config needs one of those fields",
             )
         parsed[name] = (
             parse_speculators(cfg, name, n_target) if fmt == "speculators" else parse_eagle(cfg, name, n_target, conv)
