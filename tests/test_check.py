@@ -155,6 +155,22 @@ def test_kimi_style_ids_each_engine(tmp_path):
     assert cons["speculators"]["loads"] is False
 
 
+def test_a_capture_after_the_last_layer_fails_in_sglang_before_32334(tmp_path):
+    """Capture point N (the state after the target's last layer): vLLM 0.32 captures it; SGLang's loop
+    captures before layer i < N only (issue #32226, gpt-oss-120b: two states for fc's three) until PR #32334."""
+    c = tiny_contract(capture_layers=(2, 4, 8))
+    cfg = eagle_config(c)
+    del cfg[IDS]
+    cfg["eagle_config"][IDS] = [2, 4, 8]
+    cons = _cons(tmp_path, {"config.json": cfg}, c, verifier={"num_hidden_layers": 8})
+    assert cons["vllm"]["loads"] and cons["vllm"]["capture_layers"] == [2, 4, 8]
+    assert cons["sglang"]["loads"] and any("captured only since PR #32334" in n for n in cons["sglang"]["notes"])
+    assert not cons["sglang_legacy"]["loads"] and "fails (issue #32226" in cons["sglang_legacy"]["notes"][-1]
+    (tmp_path / "no-target").mkdir()
+    cons = _cons(tmp_path / "no-target", {"config.json": cfg}, c)  # depth unknown: nothing said
+    assert cons["sglang_legacy"]["loads"] and not any("captured only since" in n for n in cons["sglang"]["notes"])
+
+
 def test_speculators_format_in_each_engine(tmp_path):
     c = tiny_contract(capture_layers=(1, 2, 3, 5), has_embeddings=True)
     cfg = speculators_config(c)

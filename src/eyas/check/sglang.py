@@ -107,6 +107,14 @@ def sglang_view(reads: str, fmt: str, cfg: dict, c: DraftContract, naming: str |
         return r  # the reason stays the last note: nothing below happens in an engine that cannot build it
     _capture(r, cfg, n, legacy)
     refusals = []
+    after_last = n is not None and max(r["capture_layers"] or [0]) >= n
+    if after_last and legacy:
+        refusals.append(f"capture point {max(r['capture_layers'])} is at or past the state after the target's last "
+                        f"layer ({n}): the model loop captures before layer i for i < {n} only, so fc gets fewer "
+                        f"states than it reads and fails (issue #32226, fixed by PR #32334) {CAPTURE}")
+    elif after_last:
+        r["notes"].append(f"capture point {n} is the state after the target's last layer: captured only since PR "
+                          f"#32334; SGLang before it stores one state fewer and fails (issue #32226)")
     if legacy:
         r["norm_before_residual"], r["norm_flags"] = False, {f: False for f in _OTHER_FLAGS}
         if c.num_aux_layers != 3:
