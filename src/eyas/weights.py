@@ -4,10 +4,10 @@ Formats on disk: `model.safetensors`, sharded `model.safetensors.index.json` (+ 
 `pytorch_model.bin` and its sharded index. Pickles are read with `torch.load(weights_only=True)`
 only: a checkpoint never runs code here.
 
-Names: eyas works in speculators naming (`layers.{i}.*`). The original EAGLE / SpecForge / SGLang
-naming differs in one rule, `midlayer.` for `layers.0.`, and that rule lives here and nowhere else.
-Some exports save the wrapping module's state dict, every name but lm_head's under `model.`
-(`model.layers.0.*`, `model.fc.weight`); that prefix is read through here too (`unwrap`).
+Names: eyas works in speculators naming (`layers.{i}.*`). Every other spelling is read here and
+nowhere else: the original EAGLE / SpecForge / SGLang naming's `midlayer.` for `layers.0.` (written
+back by `from_canonical`), a SpecForge branch's `aux_norm_low/mid/high` for `fc_norm.0/1/2`, and the
+`model.` prefix of an export that saved the wrapping module's state dict (`unwrap`; read only).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ WEIGHT_LAYOUTS = (
 )
 WEIGHTS_FILE = "model.safetensors"  # what eyas writes
 
-# The one rename rule: eagle on-disk prefix <-> canonical prefix.
+# The eagle rename rule (both ways): eagle on-disk prefix <-> canonical prefix.
 _EAGLE_PREFIX, _CANONICAL_PREFIX = "midlayer.", "layers.0."
 WRAPPER_PREFIX = "model."  # the wrapping module's prefix some exports leave on the draft's names
 # fc_norm's chunks under the names a SpecForge branch gives them (ceefdebd, `use_aux_norm`), in capture order
