@@ -244,6 +244,11 @@ def to_canonical(tensors: dict[str, torch.Tensor], fmt: str, source: str = "weig
     return out
 
 
+def aux_norm_spelled(names: Iterable[str]) -> int:
+    """How many names are SpecForge's aux_norm_* spelling of fc_norm.* (engines refuse them; readers say so)."""
+    return sum(n.startswith(tuple(AUX_NORM_NAMES)) for n in names)
+
+
 def _canonical_name(name: str, fmt: str) -> str:
     if fmt == "eagle" and name.startswith(_EAGLE_PREFIX):
         return _CANONICAL_PREFIX + name[len(_EAGLE_PREFIX) :]

@@ -26,6 +26,7 @@ from eyas.check.view import new_view as _view
 from eyas.codes import finding, prefixed
 from eyas.contract import LAYER_TYPES, DraftContract
 from eyas.formats import EAGLE_ARCH, IDS, NORM_FLAGS, Checkpoint
+from eyas.formats.layer import parallel_drafter
 
 ENGINE_CONFIG = "config.json"  # the file every engine loads from a draft folder
 HOLDS_FOR = {
@@ -117,7 +118,7 @@ def _vllm_class(r: dict[str, Any], archs: Any) -> None:
         r["loads"] = False
         read = "" if renamed == archs else f", read as {renamed} under method eagle3,"
         fix = (f"write architectures [\"{EAGLE_ARCH}\"] (eyas convert DIR OUT --format eagle)"
-               if not any("peagle" in a.lower() for a in archs) else
+               if not any(parallel_drafter(a) for a in archs) else
                "a P-EAGLE (parallel) draft loads from a speculators config (speculators_model_type \"peagle\", "
                "mask_token_id), which vLLM serves as method eagle3 with parallel_drafting")
         r["notes"].append(f"architectures {archs}{read} name no vLLM 0.32 draft class: {fix}")
@@ -215,12 +216,7 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
         "speculators": _speculators(reads, fmt, cfg, c),
         "llamacpp": llamacpp_view(reads, fmt, cfg, c),
     }
-    if ckpt.wrapped:
-        _wrapped_names(out)
-    if ckpt.aux_norm_names:
-        out["vllm"]["loads"] = False
-        out["vllm"]["notes"].append("tensors aux_norm_low/mid/high (SpecForge's names of fc_norm.0/1/2): load_weights "
-                                    "has no parameter of that name and refuses the draft: eyas convert DIR OUT")
+    _weight_spellings(out, ckpt)
     eagle_files = [f for f, x in ckpt.files.items() if x == "eagle" and f != reads]
     if fmt == "speculators" and eagle_files:
         for r in (out["sglang"], out["sglang_legacy"]):
@@ -240,14 +236,23 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _wrapped_names(out: dict[str, dict[str, Any]]) -> None:
-    """Tensor names saved under `model.` (a whole-model export): vLLM refuses them and llama.cpp's converter
-    maps them (both run here), SGLang reads them (its source). speculators' from_pretrained was not run offline:
-    no statement."""
-    out["vllm"]["loads"] = False
-    out["vllm"]["notes"].append("tensor names carry the prefix 'model.': load_weights prefixes every name but "
-                                "lm_head's with 'model.' again and refuses the draft (no parameter 'model' in "
-                                "LlamaModel): eyas convert DIR OUT")
+def _weight_spellings(out: dict[str, dict[str, Any]], ckpt: Checkpoint) -> None:
+    """Tensor names eyas reads through that vLLM refuses (both run here): under `model.` (a whole-model
+    export; llama.cpp's converter maps them, run; SGLang reads them, its source; speculators' from_pretrained
+    was not run offline: no statement), and SpecForge's aux_norm_* for fc_norm.*."""
+    refusals = []
+    if ckpt.wrapped:
+        refusals.append("tensor names carry the prefix 'model.': load_weights prefixes every name but lm_head's with "
+                        "'model.' again and refuses the draft (no parameter 'model' in LlamaModel): eyas convert "
+                        "DIR OUT")
+    if ckpt.aux_norm_names:
+        refusals.append("tensors aux_norm_low/mid/high (SpecForge's names of fc_norm.0/1/2): load_weights has no "
+                        "parameter of that name and refuses the draft: eyas convert DIR OUT")
+    if refusals:
+        out["vllm"]["loads"] = False
+        out["vllm"]["notes"] += refusals
+    if not ckpt.wrapped:
+        return
     for r in (out["sglang"], out["sglang_legacy"]):
         r["notes"].append(f"tensor names carry the prefix 'model.': load_weights takes a name it holds as it is "
                           f"and prefixes 'model.' to the others {sglang.CLASS}")

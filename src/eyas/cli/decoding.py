@@ -12,7 +12,7 @@ import sys
 
 from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
-from eyas.cli.output import log, print_json
+from eyas.cli.output import log, print_json, print_report
 
 
 def _stream(text: str) -> None:
@@ -45,8 +45,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        dtype=args.dtype, max_new_tokens=args.max_new_tokens, limit=args.limit,
                        draft_tokens=args.draft_tokens, tree=args.tree, sweep=args.sweep, plot=args.plot,
                        layer_convention=args.layer_convention, device=args.device, progress=args.progress)
-    if args.json:
-        print_json(report)
-    else:
-        print(format_bench(report))
+    print_report(report, args.json, format_bench)
     return 0

@@ -10,7 +10,7 @@ import argparse
 
 from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
-from eyas.cli.output import print_json
+from eyas.cli.output import print_report
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -23,8 +23,5 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                       limit=DEFAULT_LIMIT if args.limit is None else args.limit,
                       max_new_tokens=DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
                       progress=args.progress)
-    if args.json:
-        print_json(report)
-    else:
-        print(format_report(report))
+    print_report(report, args.json, format_report)
     return 0 if report["verdict"] == "ok" else 1

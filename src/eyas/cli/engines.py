@@ -11,7 +11,7 @@ import argparse
 
 from eyas.cli import preflight
 from eyas.cli.inputs import drafter_of, target_of
-from eyas.cli.output import print_json
+from eyas.cli.output import print_report
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
@@ -22,8 +22,5 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
                          prompts=args.prompts, limit=args.limit, draft_tokens=args.draft_tokens,
                          max_new_tokens=args.max_new_tokens, dump=args.dump, device=args.device,
                          temperature=args.temperature, progress=args.progress)
-    if args.json:
-        print_json(report)
-    else:
-        print(format_serve_check(report))
+    print_report(report, args.json, format_serve_check)
     return 0 if report["agree"] else 1

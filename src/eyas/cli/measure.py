@@ -14,7 +14,7 @@ from typing import Any
 
 from eyas.cli import preflight
 from eyas.cli.inputs import capture_layers_of, drafter_of, target_of
-from eyas.cli.output import print_json
+from eyas.cli.output import print_json, print_report
 from eyas.errors import EyasError
 
 # --- capture ------------------------------------------------------------------------------------
@@ -160,10 +160,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    progress=args.progress)
     if args.plot:
         plot_report(rep, args.plot)
-    if args.json:
-        print_json(rep)
-    else:
-        print(format_eval(rep))
+    print_report(rep, args.json, format_eval)
     return 0
 
 

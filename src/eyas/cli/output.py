@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +31,13 @@ def json_ready(value: Any) -> Any:
         return [json_ready(v) for v in value]
     return value
 
+
+def print_report(report: dict[str, Any], as_json: bool, for_people: Callable[[dict[str, Any]], str]) -> None:
+    """A verb's report on stdout: the JSON itself under `--json`, else `for_people(report)`."""
+    if as_json:
+        print_json(report)
+    else:
+        print(for_people(report))
 
 
 @contextmanager

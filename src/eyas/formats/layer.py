@@ -30,6 +30,12 @@ SPECULATORS_ARCHS = ("Eagle3Speculator", "Eagle3DraftModel")
 _EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
+def parallel_drafter(arch: str) -> bool:
+    """Whether an architecture names a P-EAGLE draft (SpecForge's PEagleDraftModel, vLLM's Peagle*ForCausalLM):
+    it drafts k tokens in one pass from mask-token placeholders, where eyas drafts in a chain."""
+    return "peagle" in arch.lower()
+
+
 @dataclass(frozen=True)
 class DraftLayer:
     """The contract's `layer_type` and `unsupported`, and how they were decided."""
@@ -46,7 +52,7 @@ def _dense_class(archs: tuple[str, ...]) -> str | None:
     if not archs or archs[0] in SPECULATORS_ARCHS:
         return None
     name = archs[0].lower()
-    if any(k in name for k in ("moe", "nextn", "mtp", "deepseek", "peagle")):
+    if any(k in name for k in ("moe", "nextn", "mtp", "deepseek")) or parallel_drafter(name):
         return None
     if "llama" in name:
         return "llama"
@@ -69,7 +75,7 @@ def _unrunnable_parts(cfg: dict[str, Any], archs: tuple[str, ...]) -> list[str]:
         parts.append(f"mixture-of-experts MLP (model_type {mt!r})")
     if any(k in arch.lower() for k in ("nextn", "mtp")):
         parts.append(f"NextN/MTP layer ({arch})")
-    if "peagle" in arch.lower():  # drafts k tokens in one pass from mask-token placeholders: eyas drafts in a chain
+    if parallel_drafter(arch):
         parts.append(f"parallel drafting (P-EAGLE, {arch})")
     return parts
 

@@ -23,8 +23,8 @@ from eyas.formats.parse import Parsed, load_json, parse_eagle, parse_speculators
 from eyas.formats.schema import LAYER_CONVENTIONS, detect_format
 from eyas.formats.validate import tensor_problems
 from eyas.weights import (
-    AUX_NORM_NAMES,
     WRAPPER_PREFIX,
+    aux_norm_spelled,
     find_weights,
     read_tensors,
     to_canonical,
@@ -215,8 +215,7 @@ def _load_tensors(path: Path, issues: _Issues) -> tuple[dict[str, torch.Tensor],
     files = weight_files(path)
     raw, wrapped = unwrap(read_tensors(path), str(path / files[0]))
     naming = weight_naming(raw)
-    aux_names = sum(n.startswith(tuple(AUX_NORM_NAMES)) for n in raw)
-    return to_canonical(raw, naming, str(path / files[0])), files, naming, wrapped, aux_names
+    return to_canonical(raw, naming, str(path / files[0])), files, naming, wrapped, aux_norm_spelled(raw)
 
 
 def _aux_norm_names(weights: Path) -> dict[str, str]:
