@@ -429,6 +429,27 @@ def test_resume_keeps_finished_shards_and_continues(tmp_path, target, monkeypatc
     assert json.loads((out / "manifest.json").read_text())["num_tokens"] == fresh["num_tokens"]
 
 
+def test_capture_stopped_before_its_first_shard_leaves_nothing(tmp_path, target, monkeypatch):
+    """Nothing to resume: no manifest stays to refuse a rerun with other arguments, and the folders the
+    capture made are removed; a folder that was there before stays, with what it held."""
+    def fails(*args, **kw):
+        raise MemoryError("out of memory in the first batch")
+
+    monkeypatch.setattr(capturing, "_capture_samples", fails)
+    with pytest.raises(MemoryError):
+        run_capture(target, tmp_path / "new" / "out")
+    assert not (tmp_path / "new").exists()
+    there = tmp_path / "there"
+    there.mkdir()
+    write(there / "notes.txt", "kept")
+    with pytest.raises(MemoryError):
+        run_capture(target, there)
+    assert sorted(p.name for p in there.iterdir()) == ["notes.txt"]
+    monkeypatch.undo()
+    run_capture(target, there, max_new_tokens=3)  # other arguments: not refused as another capture
+    assert json.loads((there / "manifest.json").read_text())["complete"]
+
+
 def test_unrecorded_finished_shard_is_adopted(tmp_path, target, monkeypatch):
     """Killed between writing a shard and recording it: the rerun adopts the shard."""
     out = tmp_path / "out"

@@ -180,6 +180,24 @@ def test_a_target_too_large_for_memory_is_refused_before_loading(sharded, monkey
         Target.load(sharded[0])
 
 
+def test_capture_loads_the_target_onto_its_device_before_writing(sharded, tmp_path, monkeypatch, capsys):
+    """`eyas capture --device D` loads the target for D (refused when it does not fit there, spread over
+    GPUs by `cuda`), never on the host and then moved: nothing is written when it is refused."""
+    import eyas.target
+
+    folder = sharded[0]
+    (tmp_path / "p.txt").write_text("hello there\n")
+    asked = []
+    real = eyas.target.Target.load.__func__
+    monkeypatch.setattr(eyas.target.Target, "load",
+                        classmethod(lambda cls, spec, **kw: asked.append(kw.get("device")) or real(cls, spec, **kw)))
+    monkeypatch.setattr("eyas.devices.free_bytes", lambda device: 1000)
+    argv = ["capture", "--target", str(folder), "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "o"),
+            "--device", "cpu", "--max-new-tokens", "2", "--no-progress"]
+    assert main(argv) == 2 and asked == ["cpu"]
+    assert "needs about" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
 def test_a_draft_too_large_for_memory_is_refused_before_reading(sharded, monkeypatch, capsys):
     import eyas.devices as devices
 

@@ -375,6 +375,22 @@ def test_refuses_another_targets_shards_before_training(target_dir, captured, tm
     assert not (tmp_path / "run").exists()
 
 
+def test_resume_restores_the_gpu_rngs_that_are_here(monkeypatch):
+    """A run saved where 4 GPUs were visible resumes where 2 are: the first two states are restored,
+    the rest left (torch's set_rng_state_all would fail on the third). No GPU needed: torch.cuda is
+    patched."""
+    from eyas.train.checkpoint import set_rng_state
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, i: restored.append((i, int(s[0]))))
+    saved = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "cuda": [torch.full((8,), i, dtype=torch.uint8) for i in range(4)]}
+    set_rng_state(saved)
+    assert restored == [(0, 0), (1, 1)]
+
+
 def test_resume_refuses_shards_at_other_capture_layers_and_old_runs(target_dir, captured, tmp_path):
     data, out = shutil.copytree(captured, tmp_path / "data"), tmp_path / "run"
     first = train(config(data, out, target_dir, max_steps=1, lr=1e-12))

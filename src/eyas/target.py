@@ -156,7 +156,8 @@ class Target:
                 h.remove()
         last = out.last_hidden_state  # [B, T, H], final-normed
         if layers:
-            features = torch.cat([captured[k] for k in layers], dim=-1)  # A x [B, T, H] -> [B, T, A*H]
+            # A x [B, T, H] -> [B, T, A*H]; a target spread over GPUs captures each on its layer's GPU
+            features = torch.cat([captured[k].to(last.device) for k in layers], dim=-1)
         else:
             features = last.new_empty(*last.shape[:2], 0)
         logits = self.model.get_output_embeddings()(last) if with_logits else None  # [B, T, V]

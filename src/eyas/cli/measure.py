@@ -35,13 +35,14 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if not prompts:
         raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")
     dtype = to_dtype(args.dtype)
-    target = Target.load(target_spec, dtype=dtype)
+    # loaded onto --device, not moved there after: refused when too large for it, spread over GPUs
+    target = Target.load(target_spec, dtype=dtype, device=args.device)
     layers = capture_layers_of(args.capture_layers) or default_capture_layers(target.num_layers)
     manifest = capture(target, prompts, layers, args.out,
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
                        do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
                        seed=args.seed, skip_long=args.skip_long, max_length=args.max_length,
-                       progress=args.progress, device=args.device, resumable=True, answers=args.answers)
+                       progress=args.progress, resumable=True, answers=args.answers)
     if args.json:
         print_json(manifest)
     else:

@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
+from eyas.atomic import make_folders
 from eyas.data.answers import ANSWER_ENGINES, answer, pad_id
 from eyas.data.prompts import DEFAULT_EVAL_PROMPTS, Prompt
 from eyas.data.shards import (
     FORMAT,
     FORMAT_VERSION,
+    MANIFEST,
+    forget_capture,
     record_shards,
     shard_entry,
     shard_name,
@@ -110,6 +113,7 @@ def capture(
     limit, prompt_ids, skipped = _encode_fitting(target, prompts, max_new_tokens, max_length, skip_long)
     plan = _plan(target, prompts, layers, dtype, shard_size, max_new_tokens, limit, skip_long,
                  dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
+    fresh, made = not (out_dir / MANIFEST).exists(), make_folders(out_dir)
     manifest = start_manifest(out_dir, plan, skipped)  # refuses a folder holding another capture
 
     shards = {e["index"]: e for e in manifest["shards"]}
@@ -126,22 +130,29 @@ def capture(
     def note() -> str:  # what an interrupted capture kept: eyas.interrupt
         return _resume_note(out_dir, len(shards), -(-len(prompts) // shard_size))
 
-    with on_signals(note) if resumable else nullcontext():
-        for k in todo:  # Ctrl-C / SIGTERM: finished shards stay, the one being captured is redone on resume
-            start, stop = k * shard_size, min((k + 1) * shard_size, len(prompts))
-            keep = [i for i in range(start, stop) if prompt_ids[i] is not None]
-            samples = _capture_samples(target, [prompt_ids[i] for i in keep], layers, dtype, batch_size,
-                                       sampling, seed_offset=k, on_batch=bar.update, lean=answers == "eyas")
-            bar.update(stop - start - len(keep))
-            entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
-            shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
-            record_shards(out_dir, manifest, shards, complete=False)
-        bar.close()
-        return record_shards(out_dir, manifest, shards, complete=True)
+    try:
+        with on_signals(note) if resumable else nullcontext():
+            for k in todo:  # Ctrl-C / SIGTERM: finished shards stay, the one being captured is redone on resume
+                start, stop = k * shard_size, min((k + 1) * shard_size, len(prompts))
+                keep = [i for i in range(start, stop) if prompt_ids[i] is not None]
+                samples = _capture_samples(target, [prompt_ids[i] for i in keep], layers, dtype, batch_size,
+                                           sampling, seed_offset=k, on_batch=bar.update, lean=answers == "eyas")
+                bar.update(stop - start - len(keep))
+                entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
+                shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
+                record_shards(out_dir, manifest, shards, complete=False)
+            bar.close()
+            return record_shards(out_dir, manifest, shards, complete=True)
+    except BaseException:
+        if fresh and not shards:  # nothing to resume: leave no manifest that would refuse other arguments
+            forget_capture(out_dir, made)
+        raise
 
 
 def _resume_note(out_dir: Path, finished: int, total: int) -> str:
     """What an interrupted capture kept, and how to resume it (eyas.interrupt)."""
+    if not finished:
+        return f"no shard of {total} was finished, nothing is kept; rerun the `eyas capture` command to start again"
     return (f"{finished} of {total} shards in {out_dir} are finished and kept; rerun the same `eyas capture` "
             "command to resume after them")
 

@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eyas.atomic import temp_file, write_json
+from eyas.atomic import remove_empty, temp_file, write_json
 from eyas.data.values import check_ids, check_tensors
 from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, FormatError
@@ -74,6 +74,14 @@ def start_manifest(out_dir: Path, plan: dict, skipped: list) -> dict:
                 "shards": [], "num_samples": 0, "num_tokens": 0, "num_loss_tokens": 0, "complete": False}
     write_json(path, manifest)
     return manifest
+
+
+def forget_capture(out_dir: Path, made: list[Path]) -> None:
+    """Remove what a capture that stopped before its first shard wrote: its manifest, then the folders
+    it made (each only when empty), so that a rerun with other arguments is not refused as another
+    capture. A folder that was there before is never removed."""
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    remove_empty(made)
 
 
 def _short(value: Any) -> str:

@@ -137,11 +137,14 @@ def _rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the RNGs saved with a checkpoint."""
+    """Restore the RNGs saved with a checkpoint. A GPU's state is restored where that GPU is here:
+    a run saved where more GPUs were visible resumes on fewer (`set_rng_state_all` would fail on
+    the first one missing), and one saved without a GPU resumes on one with the GPU's own seed."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for index, gpu_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(gpu_state, index)
 
 
 # --- the log and its curves ----------------------------------------------------------------------
