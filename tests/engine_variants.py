@@ -15,7 +15,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from eyas.drafter_loading import resolve_drafter
-from eyas.formats import IDS, convert_checkpoint
+from eyas.formats import IDS, convert_checkpoint, read_checkpoint, write_checkpoint
 
 SHIPPED = resolve_drafter(None)
 OFF_BY_ONE = [1, 14, 26]  # the shipped draft's (2, 15, 27) in the output-of-layer convention
@@ -131,6 +131,32 @@ def specforge_aux_norm(d: Path) -> Path:
     return d
 
 
+def rope(scaling: dict):
+    """eyas's eagle export with `scaling` as its rope_scaling (and rope_parameters, which transformers 5
+    reads): the weights were trained on plain rope, so only whether both sides turn alike is measured."""
+    def make(d: Path) -> Path:
+        def edit(cfg):
+            cfg["rope_scaling"] = scaling
+            kind = {"rope_type": scaling.get("rope_type", scaling.get("type"))}
+            cfg["rope_parameters"] = {**kind, **scaling, "rope_theta": cfg["rope_theta"]}
+            cfg["rope_parameters"].pop("type", None)
+        return _edit(_export(d, "eagle"), edit)
+    return make
+
+
+def shared_lm_head(fmt: str):
+    """The shipped draft widened to the full vocab and stripped of its lm_head and vocab map: a draft
+    trained on the target's frozen head, as SpecForge's --reuse-target-lm-head and speculators make them
+    (here the head was trained, so acceptance falls; both sides use the target's head)."""
+    def make(d: Path) -> Path:
+        ckpt = read_checkpoint(SHIPPED)
+        c = ckpt.contract
+        c = c.replace(draft_vocab_size=c.vocab_size, has_vocab_map=False, has_lm_head=False)
+        tensors = {k: v for k, v in ckpt.tensors.items() if k not in ("lm_head.weight", "d2t", "t2d")}
+        return write_checkpoint(d, c, tensors, fmt)
+    return make
+
+
 def four_layers(fmt: str):
     """A fresh (random) draft reading four target states, as `fmt`."""
     def make(d: Path) -> Path:
@@ -153,6 +179,12 @@ VARIANTS = {
     "names_under_model_prefix": names_under_model_prefix,
     "unregistered_architecture": unregistered_architecture,
     "specforge_aux_norm": specforge_aux_norm,
+    # Hunyuan's NTK-alpha, written as AngelSlim's hunyuan-1.8b config writes it (theirs: alpha 1000). Alpha
+    # below 1 lowers the base (1e5 -> 860): over short answers a raised base barely moves the draft's tokens,
+    # a lowered one does, so the engine drafting eyas's tokens shows it turns as eyas does
+    "rope_ntk_alpha": rope({"type": "dynamic", "alpha": 0.01, "factor": 1.0}),
+    "rope_dynamic_without_factor": rope({"type": "dynamic", "alpha": 1000.0}),  # transformers 5 refuses it
+    "shared_lm_head": shared_lm_head("eagle"),
     "four_layers_speculators": four_layers("speculators"),
     "four_layers_eagle": four_layers("eagle"),
 }

@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 
 from conftest import TINY_TARGET_LAYERS, random_tensors, tiny_contract
 from eyas.check import check_checkpoint, consumers
+from eyas.codes import text_of
 from eyas.contract import Verifier
 from eyas.errors import FormatError
 from eyas.formats import IDS, eagle_config, read_checkpoint, speculators_config, write_checkpoint
@@ -169,6 +170,23 @@ def test_a_capture_after_the_last_layer_fails_in_sglang_before_32334(tmp_path):
     (tmp_path / "no-target").mkdir()
     cons = _cons(tmp_path / "no-target", {"config.json": cfg}, c)  # depth unknown: nothing said
     assert cons["sglang_legacy"]["loads"] and not any("captured only since" in n for n in cons["sglang"]["notes"])
+
+
+@pytest.mark.parametrize("scaling, vllm_loads, sglang_base", [
+    ({"type": "dynamic", "alpha": 1000.0, "factor": 1.0}, True, None),  # AngelSlim's hunyuan-1.8b: as eyas
+    ({"type": "dynamic", "alpha": 1000.0}, False, None),  # transformers 5.19 requires factor
+    ({"rope_type": "dynamic", "factor": 2.0}, True, "theta*(f^2-f+1)^(d/(d-2)) = 3.51e+04"),
+    ({"rope_type": "dynamic", "factor": 1.0}, True, None),
+])
+def test_dynamic_rope_in_each_engine(tmp_path, scaling, vllm_loads, sglang_base):
+    """vLLM 0.32 and SGLang build alpha as eyas does; without alpha SGLang raises the base at every
+    position (eyas and vLLM 0.32 turn at theta within max_position_embeddings)."""
+    c = tiny_contract(capture_layers=(2, 3, 5), rope_scaling=scaling, rope_theta=10000.0)
+    cons = _cons(tmp_path, {"config.json": eagle_config(c)}, c)
+    assert cons["vllm"]["loads"] is vllm_loads
+    assert vllm_loads or "add \"factor\": 1.0 to rope_scaling" in cons["vllm"]["notes"][-1]
+    rope = [text_of(m) for m in cons["sglang"]["mismatches"] if m["code"] == "consumer_rope"]
+    assert len(rope) == (sglang_base is not None) and (sglang_base is None or sglang_base in rope[0])
 
 
 def test_speculators_format_in_each_engine(tmp_path):

@@ -126,6 +126,23 @@ def parse_published_quirks(tmp_path):
     return found | _read(_folder(tmp_path / "m", {"config.json": moe}, random_tensors(c)))
 
 
+def parse_rope_kinds(tmp_path):
+    """NTK-alpha (AngelSlim's hunyuan drafts), and a dynamic rope without alpha, which SGLang scales."""
+    c = tiny_contract()
+    alpha = _eagle(c, rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0})
+    found = _read(_folder(tmp_path / "a", {"config.json": alpha}, random_tensors(c)))
+    dynamic = _eagle(c, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    return found | _mismatches(_folder(tmp_path / "d", {"config.json": dynamic}, random_tensors(c)))
+
+
+def shared_lm_head(tmp_path):
+    """A full-vocab draft without lm_head.weight whose config keeps draft_vocab_size (SGLang loads none)."""
+    c = tiny_contract(draft_vocab_size=256)
+    tensors = {k: v for k, v in random_tensors(c).items() if k != "lm_head.weight"}
+    folder = _folder(tmp_path / "s", {"config.json": _eagle(c)}, tensors)
+    return _read(folder) | _mismatches(folder)
+
+
 def parse_config_alone(tmp_path):
     path = tmp_path / "draft.json"
     path.write_text(json.dumps(speculators_config(tiny_contract())))
@@ -279,6 +296,8 @@ SCENARIOS = {  # scenario: the codes it must produce
         "layer_type_absent", "norm_before_residual_absent", "rope_theta_conflict", "rope_scaling_conflict",
     },
     parse_fc_skipped: {"fc_skipped"},
+    parse_rope_kinds: {"rope_alpha", "consumer_rope"},
+    shared_lm_head: {"lm_head_shared", "consumer_lm_head_unloaded"},
     parse_published_quirks: {
         "layer_type_unknown", "dtype_conflict", "tie_word_embeddings", "consumer_ties_lm_head", "draft_not_runnable",
         "embed_scale_ignored",

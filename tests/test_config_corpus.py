@@ -34,6 +34,7 @@ ENGINES = ("vllm", "sglang", "sglang_legacy", "speculators", "llamacpp")
 TABLE: dict[str, tuple] = {
     "angelslim/cosyvoice3-llm-eagle3.json": ("eagle", None, "llama", True, (X, X, X, X, X)),
     "angelslim/hunyuan-7b-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
+    "angelslim/hunyuan-1.8b-eagle3-ntk-alpha.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "angelslim/qwen2-audio-7b-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "angelslim/qwen2.5-vl-7b-eagle3-mrope.json": ("eagle", None, "llama", False, (N, X, X, X, N)),
     "angelslim/qwen3-8b-eagle3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
@@ -65,9 +66,9 @@ TABLE: dict[str, tuple] = {
     "speculators-research/llama33_70b_head_k3.json": ("eagle", None, "llama", True, (N, X, X, X, N)),
     "speculators/issue-1065-qwen3moe-eagle3.json": (
         "speculators", [2, 46, 91, 93], "llama", True, (X, X, X, [2, 46, 91, 93], X)),
-    "torchspec/kimi_k25_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
+    "torchspec/kimi_k25_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, X)),  # no draft_vocab_size
     "torchspec/kimi_k25_eagle3_mla.json": ("eagle", [2, 30, 58], "kimi_k2", False, (X, [2, 30, 58], [2, 30, 58], X, X)),
-    "torchspec/minimax_m25_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
+    "torchspec/minimax_m25_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, X)),  # no draft_vocab_size
     "torchspec/qwen3_8b_eagle3.json": ("eagle", None, "llama", True, (N, N, N, X, N)),
     "torchspec/qwen3_8b_eagle3_mla.json": ("eagle", None, "deepseek_v3", False, (X, N, N, X, X)),
     "angelslim/qwen3-4b-eagle3-arch-typo.json": ("eagle", None, "llama", True, (X, X, X, X, X)),
@@ -198,6 +199,9 @@ def test_fields_real_files_use():
     """dtype and torch_dtype, rope_parameters, mrope sections, eos lists, ModelOpt keys, tied embeddings."""
     hunyuan = read_checkpoint(_path("angelslim/hunyuan-7b-eagle3.json"))
     assert any(w["code"] == "tie_word_embeddings" for w in hunyuan.warnings)
+    small = read_checkpoint(_path("angelslim/hunyuan-1.8b-eagle3-ntk-alpha.json"))  # NTK-alpha: read and run
+    (alpha,) = [w for w in small.warnings if w["code"] == "rope_alpha"]
+    assert "10000*1000^(128/126) = 1.116e+07" in text_of(alpha) and small.contract.unsupported is None
     assert "consumer_ties_lm_head" not in json.dumps(consumers(hunyuan))  # SGLang does not load its class
     vl = read_checkpoint(_path("specforge/qwen2-5-vl-7b-eagle3.json")).contract
     assert vl.rope_scaling == {"type": "mrope", "mrope_section": [16, 24, 24]}

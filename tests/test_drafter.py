@@ -107,11 +107,35 @@ def test_from_tensors_rejects_tensors_that_do_not_fit():
         Drafter.from_tensors(c, bad, embed_tokens=embed)
 
 
+def test_a_full_vocab_draft_without_lm_head_borrows_the_targets():
+    """has_lm_head False: the target's lm_head is a buffer, never saved, trained or re-initialised; the
+    logits are those of the same draft shipping that matrix as its own."""
+    own = tiny_contract(draft_vocab_size=256)
+    shared = own.replace(has_lm_head=False)
+    tensors = random_tensors(own)
+    head = tensors.pop("lm_head.weight")
+    embed = shared_embed(own)
+    a = Drafter.from_tensors(own, {**tensors, "lm_head.weight": head}, embed_tokens=embed)
+    b = Drafter.from_tensors(shared, tensors, embed_tokens=embed, lm_head=head)
+    features, ids = batch(own, 2, 6)
+    for x, y in zip(a.forward_ttt(features, ids, 2), b.forward_ttt(features, ids, 2), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert "lm_head.weight" not in b.state_dict() and "lm_head.weight" not in dict(b.named_parameters())
+    b.init_weights(0)
+    assert torch.equal(b.lm_head.weight, head)
+    with pytest.raises(ContractError, match="no lm_head.weight and none was given"):
+        Drafter.from_tensors(shared, tensors, embed_tokens=embed)
+    with pytest.raises(ContractError, match=r"shared lm_head is \[64, 64\]"):
+        Drafter.from_tensors(shared, tensors, embed_tokens=embed, lm_head=head[:64])
+    with pytest.raises(ContractError, match="needs its own lm_head"):
+        tiny_contract(has_lm_head=False)  # 64 of 256 tokens: the target's head has a row for each
+
+
 def test_embeddings_and_vocab_map_are_required_when_the_contract_needs_them():
     c = tiny_contract()
     with pytest.raises(ContractError, match="no embed_tokens.weight"):
         Drafter.from_tensors(c, random_tensors(c))
-    with pytest.raises(ContractError, match=r"shared embed_tokens are \[256, 32\]"):
+    with pytest.raises(ContractError, match=r"shared embed_tokens is \[256, 32\]"):
         Drafter.from_tensors(c, random_tensors(c), embed_tokens=torch.zeros(256, 32))
     no_map = tiny_contract(has_vocab_map=False)
     with pytest.raises(ContractError, match="no d2t/t2d"):
@@ -224,6 +248,7 @@ ROPE_CASES = {
                                     mscale=0.707, mscale_all_dim=1.0, beta_fast=16, beta_slow=2,
                                     truncate=False),
     "yarn_attention_factor": dict(rope_type="yarn", factor=2.0, attention_factor=1.3),
+    "dynamic": dict(rope_type="dynamic", factor=2.0),  # within max_position_embeddings: the default rope
 }
 
 
@@ -243,13 +268,32 @@ def test_rope_matches_transformers(name):
         ref, ref_scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf, "cpu")
     torch.testing.assert_close(inv_freq, ref, rtol=1e-6, atol=0)
     assert scale == pytest.approx(ref_scale, rel=1e-12)
-    if scaling:  # the scaled frequencies differ from the plain ones
+    if scaling and name != "dynamic":  # the scaled frequencies differ from the plain ones
         assert not torch.allclose(inv_freq, rope_parameters(c.replace(rope_scaling=None))[0])
 
 
+def test_ntk_alpha_rope_matches_transformers_hunyuan():
+    """Hunyuan's `dynamic` + `alpha`: the base theta * alpha^(d/(d-2)) at every position, as transformers'
+    HunYuan rope (and vLLM's and SGLang's DynamicNTKAlphaRotaryEmbedding) build it."""
+    from transformers import HunYuanDenseV1Config
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+
+    scaling = {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}
+    c = tiny_contract(rope_theta=10000.0, rope_scaling=scaling, head_dim=32, max_position_embeddings=512)
+    inv_freq, scale = rope_parameters(c)
+    hf = HunYuanDenseV1Config(hidden_size=64, num_attention_heads=2, head_dim=32, max_position_embeddings=512,
+                              rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                               "rope_theta": 10000.0})
+    ref = HunYuanDenseV1RotaryEmbedding(hf)
+    torch.testing.assert_close(inv_freq, ref.inv_freq, rtol=1e-6, atol=0)
+    assert scale == ref.attention_scaling == 1.0
+    plain = rope_parameters(c.replace(rope_scaling=None))[0]
+    assert inv_freq[0] == plain[0] and inv_freq[-1] < plain[-1] / 100  # the slow pairs turn far slower
+
+
 def test_unsupported_or_incomplete_rope_scaling_is_a_contract_error():
-    with pytest.raises(ContractError, match="'dynamic' is not supported"):
-        Drafter(tiny_contract(rope_scaling={"rope_type": "dynamic"}), embed_tokens=torch.zeros(256, 64))
+    with pytest.raises(ContractError, match="'longrope' is not supported"):
+        Drafter(tiny_contract(rope_scaling={"rope_type": "longrope"}), embed_tokens=torch.zeros(256, 64))
     with pytest.raises(ContractError, match="has no 'low_freq_factor'"):
         rope_parameters(tiny_contract(rope_scaling={"rope_type": "llama3", "factor": 8.0}))
 

@@ -96,7 +96,8 @@ def test_the_fuzzer_reaches_both_outcomes(world, capsys):
     ("edit", "also"),
     [
         (lambda c: c.update(hidden_act="tanh"), "hidden_act"),  # read fine; the drafter implements no tanh
-        (lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
+        (lambda c: c.update(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}),
+         "longrope"),
         (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 9]), "does not fit"),  # past the target
         (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]), "manifest.json"),  # not the data's
     ],

@@ -54,6 +54,7 @@ CODES: dict[str, Code] = {
     "rope_scaling_conflict": _warning(
         "rope", "rope_scaling and rope_parameters name different rope types (transformers 4 vs 5)"
     ),
+    "rope_alpha": _warning("rope", "NTK-alpha rope: engines raise the base by alpha, transformers' Llama does not"),
     "tensors_not_checked": _warning(None, "a lone config file was read: the weights were not checked"),
     "embed_scale_ignored": _warning(
         None, "the draft's trainer scaled its token embeddings (SpecForge, Gemma targets); engines do not"
@@ -75,6 +76,7 @@ CODES: dict[str, Code] = {
     # --- weights and tensors against the contract (eyas.formats.read, eyas.formats.validate) ---
     "weights_missing": _problem(None, "the folder holds no weights file"),
     "weights_layouts_several": _warning(None, "weights in more than one layout: readers load different ones"),
+    "lm_head_shared": _warning(None, "a full-vocab draft ships no lm_head.weight: the target's lm_head is read"),
     "weights_aux_norm_names": _warning(None, "fc_norm stored under SpecForge's aux_norm_* names: vLLM refuses them"),
     "weights_prefixed": _warning(None, "tensor names carry a whole-model export's 'model.' prefix: vLLM refuses them"),
     "layers_missing": _problem(None, "num_hidden_layers counts a decoder layer that is not stored"),
@@ -126,6 +128,8 @@ CODES: dict[str, Code] = {
     "consumer_replaces_embeddings": _warning("embeddings", "an engine feeds the target's embeddings, not the draft's"),
     "consumer_no_vocab_map": _warning("vocab_map", "an engine maps draft ids to target ids as the identity"),
     "consumer_builds_qwen3": _warning("config_file", "speculators builds a qwen3 layer: no model_type is named"),
+    "consumer_lm_head_unloaded": _warning(None, "an engine builds the draft's lm_head and loads no weights into it"),
+    "consumer_rope": _warning("rope", "an engine turns the draft's rope at another base than the contract's"),
     "consumer_ties_lm_head": _warning(None, "an engine uses the embedding table as lm_head (tie_word_embeddings)"),
 }
 

@@ -94,6 +94,7 @@ class DraftContract:
     # --- what the checkpoint carries ---
     has_embeddings: bool = False  # False: the target's embed_tokens are shared
     has_vocab_map: bool = False  # d2t and t2d present
+    has_lm_head: bool = True  # False: a full-vocab draft without lm_head.weight reads the target's lm_head
     num_aux_layers: int | None = None  # chunks fc reads; defaults to len(capture_layers)
     verifier: Verifier = field(default_factory=Verifier)
     # the part of the draft eyas has no code for (a mixture-of-experts MLP, latent attention, ...), named
@@ -127,6 +128,12 @@ class DraftContract:
             raise ContractError(
                 f"draft_vocab_size {self.draft_vocab_size} exceeds the target vocab {self.vocab_size}",
                 "draft_vocab_size must be <= vocab_size (the target's)",
+            )
+        if not self.has_lm_head and (self.reduced_vocab or self.has_vocab_map):
+            raise ContractError(
+                f"a draft of {self.draft_vocab_size} of the target's {self.vocab_size} tokens needs its own lm_head "
+                "(the target's has a row for every token)",
+                "add lm_head.weight, or share the target's with the full vocab and no d2t/t2d",
             )
 
     # --- derived facts, in one place ---
@@ -201,7 +208,8 @@ def expected_shapes(c: DraftContract) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.up_proj.weight"] = (I, H)
         shapes[p + "mlp.down_proj.weight"] = (H, I)
     shapes["norm.weight"] = (H,)
-    shapes["lm_head.weight"] = (c.draft_vocab_size, H)
+    if c.has_lm_head:
+        shapes["lm_head.weight"] = (c.draft_vocab_size, H)
     if c.has_vocab_map:
         shapes["d2t"] = (c.draft_vocab_size,)  # int64 offsets: target_id = draft_id + d2t[draft_id]
         shapes["t2d"] = (c.vocab_size,)  # bool mask over the target vocab, draft_vocab_size true

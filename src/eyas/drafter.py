@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eyas.borrowed import SharedEmbedding, SharedHead
 from eyas.contract import DraftContract
 from eyas.drafter_checks import check_buildable, check_runnable, check_tensors, check_vocab_map
 from eyas.errors import ContractError
@@ -116,18 +117,6 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-class SharedEmbedding(nn.Module):
-    """The target's `embed_tokens`, borrowed: a non-persistent buffer, so the draft neither saves it
-    (the checkpoint has no `embed_tokens.weight`) nor trains it."""
-
-    def __init__(self, weight: Tensor):
-        super().__init__()
-        self.register_buffer("weight", weight, persistent=False)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        return F.embedding(ids, self.weight)
 
 
 class Attention(nn.Module):
@@ -285,13 +274,12 @@ class DraftCache:
 class Drafter(nn.Module):
     """An EAGLE-3 draft model; `state_dict()` keys are exactly `expected_shapes(contract)`."""
 
-    def __init__(
-        self, contract: DraftContract, *, embed_tokens: Tensor | None = None, attention: str = "sdpa"
-    ):
+    def __init__(self, contract: DraftContract, *, embed_tokens: Tensor | None = None, lm_head: Tensor | None = None,
+                 attention: str = "sdpa"):
         super().__init__()
         c = self.contract = contract
         _check_implemented(c, attention)
-        check_buildable(c, embed_tokens)
+        check_buildable(c, embed_tokens, lm_head)
         H, A, H_t = c.hidden_size, c.num_aux_layers, c.target_hidden_size
         if c.has_embeddings:
             self.embed_tokens = nn.Embedding(c.vocab_size, H)
@@ -304,7 +292,7 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(A * H_t, H, bias=False)
         self.layers = nn.ModuleList(DecoderLayer(c, i, attention) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(H, c.rms_norm_eps)
-        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
+        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False) if c.has_lm_head else SharedHead(lm_head)
         if c.has_vocab_map:
             # d2t is an offset: target_id = draft_id + d2t[draft_id]; t2d marks the target ids drafted
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
@@ -320,18 +308,19 @@ class Drafter(nn.Module):
         tensors: dict[str, Tensor],
         *,
         embed_tokens: Tensor | None = None,
+        lm_head: Tensor | None = None,
         dtype: torch.dtype = torch.float32,
         attention: str = "sdpa",
     ) -> Drafter:
-        """A drafter holding copies of `tensors` (canonical names), floats cast to `dtype`."""
+        """A drafter holding copies of `tensors` (canonical names), floats cast to `dtype`; the
+        target's `embed_tokens` and `lm_head` where the contract borrows them (eyas.borrowed)."""
         check_runnable(contract)  # every run verb comes through here: a draft eyas cannot run stops first
         check_tensors(contract, tensors)
         if contract.has_vocab_map:
             check_vocab_map(contract, tensors["d2t"], tensors["t2d"])
-        if embed_tokens is not None:
-            embed_tokens = embed_tokens.to(dtype)
+        embed_tokens, lm_head = (None if t is None else t.to(dtype) for t in (embed_tokens, lm_head))
         with torch.device("meta"):  # no random init of weights about to be replaced
-            drafter = cls(contract, embed_tokens=embed_tokens, attention=attention)
+            drafter = cls(contract, embed_tokens=embed_tokens, lm_head=lm_head, attention=attention)
         state = {k: v.to(dtype if v.is_floating_point() else v.dtype, copy=True) for k, v in tensors.items()}
         drafter.load_state_dict(state, strict=True, assign=True)
         return drafter
@@ -339,12 +328,12 @@ class Drafter(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int, *, std: float = 0.02) -> Drafter:
         """Fresh random weights, reproducible from `seed`: norms 1, biases 0, linear and own
-        embedding weights N(0, std). Buffers (d2t/t2d, a shared embedding) are data, left as they are."""
+        embedding weights N(0, std). Buffers (d2t/t2d, what is borrowed) are data, left as they are."""
         g = torch.Generator().manual_seed(seed)
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
+            elif isinstance(module, (nn.Linear, nn.Embedding)) and isinstance(module.weight, nn.Parameter):
                 w = module.weight
                 w.copy_(torch.randn(w.shape, generator=g) * std)
                 if getattr(module, "bias", None) is not None:

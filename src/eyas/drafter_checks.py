@@ -27,29 +27,33 @@ def check_runnable(c: DraftContract) -> None:
         )
 
 
-def check_buildable(c: DraftContract, embed_tokens: Tensor | None) -> None:
-    """The contract can make a drafter with these (borrowed) embeddings: a reduced vocab comes with
-    its map, and the draft has exactly one embedding table of the target's shape."""
+def check_buildable(c: DraftContract, embed_tokens: Tensor | None, lm_head: Tensor | None = None) -> None:
+    """The contract can make a drafter with these (borrowed) embeddings and lm_head: a reduced vocab
+    comes with its map, and the draft has exactly one embedding table and one lm_head of the target's
+    shape."""
     if c.reduced_vocab and not c.has_vocab_map:
         raise ContractError(
             f"the draft predicts {c.draft_vocab_size} of the target's {c.vocab_size} tokens "
             "but has no d2t/t2d",
             "add the vocab map the draft was trained with (d2t, t2d) to the checkpoint",
         )
-    if c.has_embeddings and embed_tokens is not None:
-        raise ValueError("the contract has its own embed_tokens; do not pass the target's as well")
-    if not c.has_embeddings:
-        if embed_tokens is None:
-            raise ContractError(
-                "the draft has no embed_tokens.weight and none was given",
-                "pass the target's embeddings: embed_tokens=eyas.target.target_tensors(...)",
-            )
-        if tuple(embed_tokens.shape) != (c.vocab_size, c.hidden_size):
-            raise ContractError(
-                f"the shared embed_tokens are {list(embed_tokens.shape)}; "
-                f"the draft expects [vocab_size, hidden_size] = [{c.vocab_size}, {c.hidden_size}]",
-                "use the embeddings of the target the draft was trained for",
-            )
+    _borrowed("embed_tokens", c.has_embeddings, embed_tokens, (c.vocab_size, c.hidden_size), "the target's embeddings")
+    _borrowed("lm_head", c.has_lm_head, lm_head, (c.vocab_size, c.hidden_size), "the target's lm_head")
+
+
+def _borrowed(name: str, own: bool, given: Tensor | None, shape: tuple[int, int], what: str) -> None:
+    """A tensor the draft either ships (`own`: none may be given) or borrows from the target (given, and
+    of the target's [vocab_size, hidden_size] shape)."""
+    if own and given is not None:
+        raise ValueError(f"the contract has its own {name}; do not pass the target's as well")
+    if own:
+        return
+    if given is None:
+        raise ContractError(f"the draft has no {name}.weight and none was given",
+                            f"pass {what}: {name}=eyas.target.target_tensors(...)")
+    if tuple(given.shape) != shape:
+        raise ContractError(f"the shared {name} is {list(given.shape)}; the draft expects [vocab_size, hidden_size] "
+                            f"= {list(shape)}", f"use {what}, of the target the draft was trained for")
 
 
 def _check_shapes(expected: dict[str, tuple[int, ...]], tensors: dict[str, Tensor]) -> None:

@@ -46,8 +46,9 @@ def load_drafter(
     layer_convention: str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Drafter:
-    """A drafter from a checkpoint of any format; a draft without embed_tokens gets the
-    target's (only that tensor is read from the target's weight files, never the model).
+    """A drafter from a checkpoint of any format; a draft without embed_tokens (or, full-vocab,
+    without lm_head) gets the target's (only those tensors are read from the target's weight files,
+    never the model).
 
     `path` None or "default": the draft eyas ships for the target (see `resolve_drafter`).
     `target`: the target's folder or TargetRef, or None for the embedded default. The draft must fit
@@ -75,13 +76,18 @@ def load_drafter_and_config(
     ckpt = read_checkpoint(folder, layer_convention=layer_convention)
     with _naming(ckpt):
         check_fits(ckpt.contract, ref.text_config)
-    if not ckpt.contract.has_embeddings:  # the target's [V, H] embeddings come next: often larger than the draft
-        c = ckpt.contract
-        check_fits_memory(c.vocab_size * c.hidden_size * torch.empty(0, dtype=dtype).element_size(), ref.device,
-                          f"the target's embeddings for draft {folder} in {short_name(dtype)}")
-    embed = None if ckpt.contract.has_embeddings else ref.embeddings(dtype, ref.device)
+    c = ckpt.contract
+    borrowed = [n for n, own in (("embed_tokens.weight", c.has_embeddings), ("lm_head.weight", c.has_lm_head))
+                if not own]
+    if borrowed:  # the target's [V, H] matrices come next: often larger than the draft
+        size = c.vocab_size * c.hidden_size * torch.empty(0, dtype=dtype).element_size()
+        names = " and ".join(n.split(".")[0] for n in borrowed)
+        check_fits_memory(len(borrowed) * size, ref.device, f"the target's {names} for draft {folder} in "
+                          f"{short_name(dtype)}")
+    given = ref.tensors(borrowed, dtype=dtype, device=ref.device) if borrowed else {}
     with _naming(ckpt):
-        drafter = Drafter.from_tensors(ckpt.contract, ckpt.tensors, embed_tokens=embed, dtype=dtype)
+        drafter = Drafter.from_tensors(c, ckpt.tensors, embed_tokens=given.get("embed_tokens.weight"),
+                                       lm_head=given.get("lm_head.weight"), dtype=dtype)
     return drafter.to(ref.device), ckpt.config_path
 
 

@@ -4,6 +4,13 @@ The same formulas as transformers' `ROPE_INIT_FUNCTIONS` (`modeling_rope_utils.p
 them), written out so the drafter needs no transformers config object: the contract's `rope_base`,
 `head_dim`, `max_position_embeddings` and `rope_scaling` are all they read. The drafter applies the
 rotation (`eyas.drafter.rotate_half`); this module only says how fast each pair of dims turns.
+
+`dynamic` is read as serving engines build it, statically (vLLM 0.32's `get_rope`; SGLang's
+differs without `alpha`, its view says so): with Hunyuan's `alpha` the base becomes
+theta * alpha^(d/(d-2)) at every position (vLLM's and SGLang's DynamicNTKAlphaRotaryEmbedding, and
+transformers' HunYuan rope); without it the frequencies are the default ones (vLLM 0.32's
+DynamicNTKScalingRotaryEmbedding at its trained length, and transformers' within
+max_position_embeddings, the only positions a draft is trained and served at).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from torch import Tensor
 from eyas.contract import DraftContract
 from eyas.errors import ContractError
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "yarn")
 
 
 def _rope_param(scaling: dict, key: str, rope_type: str):
@@ -28,12 +35,18 @@ def _rope_param(scaling: dict, key: str, rope_type: str):
     return scaling[key]
 
 
+def alpha_base(theta: float, alpha: float, head_dim: int) -> float:
+    """The rope base NTK-alpha scaling turns at: theta * alpha^(d/(d-2)), d the rotated head width."""
+    return theta * alpha ** (head_dim / (head_dim - 2))
+
+
 def rope_parameters(c: DraftContract) -> tuple[Tensor, float]:
     """Inverse frequencies [head_dim / 2] (fp32) and the cos/sin scale for the contract's rope type.
 
     Same formulas as transformers' `ROPE_INIT_FUNCTIONS` (tested against them): `linear` divides
     every frequency by `factor`; `llama3` divides only long wavelengths and blends the middle band;
-    `yarn` blends interpolated and original frequencies over a ramp and scales cos/sin.
+    `yarn` blends interpolated and original frequencies over a ramp and scales cos/sin; `dynamic`
+    raises the base by `alpha` where it is given and is the default rope otherwise (module docstring).
     """
     scaling = dict(c.rope_scaling or {})
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
@@ -48,8 +61,10 @@ def rope_parameters(c: DraftContract) -> tuple[Tensor, float]:
             "EAGLE-3 drafts rotate the whole head; remove partial_rotary_factor or use a different runner",
         )
     base, dim = c.rope_base, c.head_dim
+    if rope_type == "dynamic" and scaling.get("alpha") is not None:
+        base = alpha_base(base, float(scaling["alpha"]), dim)
     inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim)
-    if rope_type == "default":
+    if rope_type in ("default", "dynamic"):
         return inv_freq, 1.0
     if rope_type == "linear":
         return inv_freq / _rope_param(scaling, "factor", rope_type), 1.0

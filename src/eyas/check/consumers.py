@@ -27,6 +27,7 @@ from eyas.codes import finding, prefixed
 from eyas.contract import LAYER_TYPES, DraftContract
 from eyas.formats import EAGLE_ARCH, IDS, NORM_FLAGS, Checkpoint
 from eyas.formats.layer import parallel_drafter
+from eyas.formats.rope_config import rope_kind
 
 ENGINE_CONFIG = "config.json"  # the file every engine loads from a draft folder
 HOLDS_FOR = {
@@ -100,7 +101,16 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
     if any(flags.values()):
         r["notes"].append("norm_before_fc needs vLLM PR #38111, fc_norm/norm_output PR #46488; older vLLM ignores them")
     r["mismatches"] += _identity_vocab(c, "vLLM maps draft id i to target id i (acceptance collapses)")
+    if not c.has_lm_head:
+        r["notes"].append("no lm_head weight: has_own_lm_head stays false and the proposer shares the target's "
+                          "lm_head (llm_base_proposer._maybe_share_lm_head)")
     r["norm_before_residual"], r["norm_flags"], r["embeddings"] = nbr, flags, _embeddings(c, replaces_own=False)
+    scaling = c.rope_scaling or {}
+    if rope_kind(scaling) == "dynamic" and scaling.get("factor") is None:
+        r["loads"] = False
+        r["notes"].append("rope type dynamic without factor: transformers 5.19 (vLLM 0.32's) refuses the config "
+                          "(\"Missing required keys in `rope_parameters` for 'rope_type'='dynamic': {'factor'}\"): "
+                          "add \"factor\": 1.0 to rope_scaling")
     if c.layer_type not in LAYER_TYPES:  # last: the reason it cannot load
         r["loads"] = False
         r["notes"].append(f"the vLLM EAGLE-3 drafts eyas runs (Eagle3LlamaForCausalLM, Eagle3Qwen3ForCausalLM) are "

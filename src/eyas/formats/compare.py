@@ -16,7 +16,7 @@ from typing import Any
 from eyas.codes import finding
 from eyas.contract import IDS
 from eyas.errors import FormatError
-from eyas.formats.parse import Parsed
+from eyas.formats.parsed import Parsed
 from eyas.formats.schema import CONFIG_NAMES, NORM_FLAGS
 
 _DIMS = (

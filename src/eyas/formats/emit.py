@@ -98,7 +98,8 @@ def eagle_config(c: DraftContract, dtype: str | None = None) -> dict[str, Any]:
         "architectures": [EAGLE_ARCH],
         "model_type": c.layer_type,
         **_layer_dims(c),
-        "draft_vocab_size": c.draft_vocab_size,
+        # no draft_vocab_size: SGLang then loads the target's lm_head (what a draft without one reads)
+        **({"draft_vocab_size": c.draft_vocab_size} if c.has_lm_head else {}),
         "target_hidden_size": c.target_hidden_size,
         **({IDS: list(c.capture_layers)} if c.capture_layers is not None else {}),
         **_flags(c),

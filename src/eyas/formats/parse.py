@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eyas.codes import finding
 from eyas.contract import IDS, default_capture_layers
 from eyas.errors import FormatError
 from eyas.formats.layer import DraftLayer, draft_layer
+from eyas.formats.parsed import Parsed
+from eyas.formats.rope_config import read_rope
 from eyas.formats.schema import NORM_FLAGS
 from eyas.formats.specforge import SCALED_FIX, embed_scale, use_aux_norm
 from eyas.formats.values import (
@@ -28,16 +27,12 @@ from eyas.formats.values import (
     layer_ids,
     positive,
     refuse,
-    rope_base,
-    rope_dict,
     show,
     size,
     text,
     texts,
 )
 
-_REQUIRED = object()
-Check = Callable[[str, str, Any], Any]  # (file, field, value) -> the value as eyas uses it, or FormatError
 
 
 def load_json(path: Path) -> dict[str, Any]:
@@ -69,42 +64,6 @@ def load_json(path: Path) -> dict[str, Any]:
     return cfg
 
 
-@dataclass
-class Parsed:
-    """One config file read into DraftContract keywords, with provenance."""
-
-    file: str
-    fields: dict[str, Any] = field(default_factory=dict)
-    origin: dict[str, str] = field(default_factory=dict)
-    assumed: set[str] = field(default_factory=set)  # fields the file does not state
-    warnings: list[dict[str, str]] = field(default_factory=list)  # findings, severity "warning"
-    unrunnable: list[str] = field(default_factory=list)  # parts eyas has no code for (contract `unsupported`)
-
-    def read(self, src: dict, key: str, check: Check, *, where: str = "", default: Any = _REQUIRED) -> Any:
-        """src[key] passed through `check` (eyas.formats.values), stored as contract field `key` with its origin."""
-        value = src.get(key)
-        if value is None:
-            if default is _REQUIRED:
-                raise FormatError(f"{self.file}: field '{where}{key}' is missing", f"add {where}{key} to {self.file}")
-            self.fields[key], self.origin[key] = default, f"default {default!r} ({where}{key} not in {self.file})"
-            self.assumed.add(key)
-            return default
-        value = check(self.file, where + key, value)
-        self.fields[key], self.origin[key] = value, f"{self.file}: {where}{key}"
-        self.assumed.discard(key)
-        return value
-
-    def set(self, to: str, value: Any, origin: str, *, assumed: bool = False) -> None:
-        self.fields[to], self.origin[to] = value, origin
-        if assumed:
-            self.assumed.add(to)
-        else:
-            self.assumed.discard(to)
-
-    def warn(self, code: str, field_: str, text: str, fix: str) -> None:
-        self.warnings.append(finding(code, field_, text, fix))
-
-
 def _layer_ids(p: Parsed, src: dict, where: str) -> list[int] | None:
     """A non-empty list of layer ids, or None when absent/empty."""
     ids = src.get(IDS)
@@ -130,7 +89,7 @@ def _read_dims(p: Parsed, src: dict, where: str) -> None:
     p.read(src, "max_position_embeddings", size, where=where, default=2048)
     p.read(src, "hidden_act", text, where=where, default="silu")
     p.read(src, "attention_bias", flag, where=where, default=False)
-    _read_rope(p, src, where)
+    read_rope(p, src, where)
     _read_multipliers(p, src, where)
 
 
@@ -145,57 +104,6 @@ def _read_multipliers(p: Parsed, src: dict, where: str) -> None:
         p.unrunnable.append(f"Granite-style scaling ({', '.join(other)})")
 
 
-def _read_rope(p: Parsed, src: dict, where: str) -> None:
-    """rope_theta / rope_scaling (transformers 4) or rope_parameters (transformers 5); None when absent."""
-    params = src.get("rope_parameters")
-    params = {} if params is None else rope_dict(p.file, f"{where}rope_parameters", params)
-    p_scaling = _scaling({k: v for k, v in params.items() if k != "rope_theta"})
-    theta = p.read(src, "rope_theta", rope_base, where=where, default=None)
-    if theta is None and params.get("rope_theta") is not None:
-        theta = float(params["rope_theta"])
-        p.set("rope_theta", theta, f"{p.file}: {where}rope_parameters.rope_theta")
-    elif theta is not None and params.get("rope_theta") not in (None, theta):
-        p.warn(
-            "rope_theta_conflict",
-            f"{where}rope_parameters.rope_theta",
-            f"{p.file}: {where}rope_theta {theta} and rope_parameters.rope_theta {params['rope_theta']} differ; "
-            "eyas uses rope_theta",
-            "make them agree: transformers 5 reads rope_parameters, transformers 4 rope_theta",
-        )
-    scaling = src.get("rope_scaling")
-    if scaling is not None:
-        scaling = _scaling(rope_dict(p.file, f"{where}rope_scaling", scaling))
-    if scaling and p_scaling and _type(scaling) != _type(p_scaling):
-        p.warn(
-            "rope_scaling_conflict",
-            f"{where}rope_parameters",
-            f"{p.file}: {where}rope_scaling is {_type(scaling)!r} but rope_parameters is {_type(p_scaling)!r}; "
-            "eyas uses rope_scaling",
-            "make them agree: transformers 5 reads rope_parameters, transformers 4 rope_scaling",
-        )
-    if scaling:
-        p.set("rope_scaling", scaling, f"{p.file}: {where}rope_scaling")
-    elif p_scaling:
-        p.set("rope_scaling", p_scaling, f"{p.file}: {where}rope_parameters")
-    else:
-        stated = "rope_scaling" in src or bool(params)
-        said = "plain rope" if stated else "absent"
-        p.set("rope_scaling", None, f"none ({where}rope_scaling {said})", assumed=not stated)
-    used = p.fields["rope_scaling"] or {}
-    if _type(used) == "mrope" or "mrope_section" in used:  # 3-D positions (engines build them from
-        # mrope_section under any rope type): the drafter has 1-D rope only
-        section = show(used.get("mrope_section"))
-        p.unrunnable.append(f"multimodal rope (rope type {_type(used)!r}, mrope_section {section})")
-
-
-def _type(scaling: dict) -> str:
-    """A rope scaling's type, under either key transformers reads."""
-    return scaling.get("rope_type", scaling.get("type", "default"))
-
-
-def _scaling(scaling: dict) -> dict:
-    """A rope_scaling / rope_parameters dict without the theta; {} for plain rope (type default, nothing else)."""
-    return {} if _type(scaling) == "default" and set(scaling) <= {"rope_type", "type"} else scaling
 
 
 def _default_capture(p: Parsed, n_target: int | None, where: str) -> None:

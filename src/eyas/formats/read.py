@@ -19,7 +19,8 @@ from eyas.codes import finding, prefixed
 from eyas.contract import DraftContract, Verifier, target_facts
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats.compare import agreement, choose_config, config_paths, disagreements
-from eyas.formats.parse import Parsed, load_json, parse_eagle, parse_speculators
+from eyas.formats.parse import load_json, parse_eagle, parse_speculators
+from eyas.formats.parsed import Parsed
 from eyas.formats.schema import LAYER_CONVENTIONS, detect_format
 from eyas.formats.validate import tensor_problems
 from eyas.weights import (
@@ -135,6 +136,8 @@ def read_checkpoint(
     if aux_names:
         warnings.append(_aux_norm_names(path / wfiles[0]))
     contract = _build_contract(p, tensors if loaded else None, facts, origin)
+    if loaded and not contract.has_lm_head:
+        warnings.append(_shared_lm_head(path / wfiles[0]))
     if loaded and contract.unsupported:  # no tensor layout to check against: running it is refused instead
         warnings.append(
             finding(
@@ -230,6 +233,18 @@ def _aux_norm_names(weights: Path) -> dict[str, str]:
     )
 
 
+def _shared_lm_head(weights: Path) -> dict[str, str]:
+    """A full-vocab draft without lm_head.weight: it was trained on the target's frozen head (engines
+    share the target's with such a draft), or it lost its own (then it is missing)."""
+    return finding(
+        "lm_head_shared",
+        "lm_head.weight",
+        f"{weights}: no lm_head.weight in a full-vocab draft: eyas reads the target's lm_head, as engines that "
+        "share it do",
+        "nothing, if the draft was trained on the target's lm_head; else add the lm_head.weight it was trained with",
+    )
+
+
 def _wrapped_names(weights: Path, wrapped: int, total: int) -> dict[str, str]:
     """The warning on names saved under the wrapping module's prefix: eyas and SGLang read through it
     (SGLang adds `model.` only where it is missing), vLLM 0.32 adds it to every name but lm_head's and
@@ -256,6 +271,10 @@ def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[s
         f["has_vocab_map"] = "d2t" in tensors or "t2d" in tensors
         origin["has_embeddings"] = "tensors: embed_tokens.weight " + ("present" if f["has_embeddings"] else "absent")
         origin["has_vocab_map"] = "tensors: d2t/t2d " + ("present" if f["has_vocab_map"] else "absent")
+        # no lm_head of its own: a full-vocab draft reads the target's (a reduced one is missing a tensor)
+        f["has_lm_head"] = "lm_head.weight" in tensors or f["has_vocab_map"] or f["draft_vocab_size"] < f["vocab_size"]
+        origin["has_lm_head"] = "tensors: lm_head.weight " + ("present" if "lm_head.weight" in tensors else "absent"
+                                                               if not f["has_lm_head"] else "absent (required)")
         fc, ht = tensors.get("fc.weight"), f["target_hidden_size"]
         if f["capture_layers"] is None and fc is not None and fc.ndim == 2 and fc.shape[1] % ht == 0:
             f["num_aux_layers"] = fc.shape[1] // ht
@@ -264,6 +283,7 @@ def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[s
         f["has_embeddings"] = False
         f["has_vocab_map"] = f["draft_vocab_size"] < f["vocab_size"]
         origin["has_embeddings"] = "assumed absent (tensors not read)"
+        origin["has_lm_head"] = "assumed present (tensors not read)"
         mapped = "present: reduced vocab" if f["has_vocab_map"] else "absent: full vocab"
         origin["has_vocab_map"] = f"assumed {mapped} (tensors not read)"
     origin.setdefault("num_aux_layers", "len(capture_layers)" if f["capture_layers"] is not None else "default 3")

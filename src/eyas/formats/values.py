@@ -22,7 +22,7 @@ _SHOWN = 60  # characters of a bad value quoted in an error (a 400-digit number 
 _ROPE_NAMES = ("rope_type", "type")
 _ROPE_SIZES = ("original_max_position_embeddings",)
 _ROPE_POSITIVE = ("factor", "low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast", "beta_slow",
-                  "partial_rotary_factor")
+                  "partial_rotary_factor", "alpha")
 _ROPE_NUMBERS = ("mscale", "mscale_all_dim")  # may be 0 or negative: only finite
 
 

@@ -73,7 +73,7 @@ def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
     contract = _init_contract(ckpt.contract, base, config)
     check_fits(contract, tcfg)
     lm_head, embed = _target_matrices(config)
-    drafter = Drafter.from_tensors(contract, ckpt.tensors, embed_tokens=None if contract.has_embeddings else embed)
+    drafter = _rebuilt(contract, ckpt.tensors, lm_head, embed)
     return _trained_on(drafter, lm_head, train_set)
 
 
@@ -81,8 +81,14 @@ def resumed_draft(config: TrainConfig, state: dict[str, Any], train_set: list[di
     """The draft of a training checkpoint: its contract and weights (the optimiser is restored apart)."""
     contract = DraftContract.from_dict(state["contract"])
     lm_head, embed = _target_matrices(config)
-    drafter = Drafter.from_tensors(contract, state["model"], embed_tokens=None if contract.has_embeddings else embed)
-    return _trained_on(drafter, lm_head, train_set)
+    return _trained_on(_rebuilt(contract, state["model"], lm_head, embed), lm_head, train_set)
+
+
+def _rebuilt(contract: DraftContract, tensors: dict[str, Tensor], lm_head: Tensor, embed: Tensor) -> Drafter:
+    """A drafter from saved tensors, given the target's matrices it borrows (a borrowed lm_head stays
+    frozen and unsaved, as it was trained)."""
+    return Drafter.from_tensors(contract, tensors, embed_tokens=None if contract.has_embeddings else embed,
+                                lm_head=None if contract.has_lm_head else lm_head)
 
 
 def _target_matrices(config: TrainConfig) -> tuple[Tensor, Tensor]:

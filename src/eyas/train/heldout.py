@@ -28,4 +28,6 @@ def heldout_eval(drafter: Drafter, heldout: list[dict[str, torch.Tensor]], lm_he
 def cpu_copy(drafter: Drafter) -> Drafter:
     """The drafter on the CPU for evaluation (eyas.evaluate builds its index tensors there)."""
     tensors = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
-    return Drafter.from_tensors(drafter.contract, tensors, embed_tokens=drafter.embed_tokens.weight.cpu())
+    borrowed = {"embed_tokens": drafter.embed_tokens, "lm_head": drafter.lm_head}
+    return Drafter.from_tensors(drafter.contract, tensors, **{k: m.weight.cpu() for k, m in borrowed.items()
+                                                            if f"{k}.weight" not in tensors})
