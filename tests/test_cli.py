@@ -449,6 +449,16 @@ def test_installed_script(ckpt, tmp_path):
     )
 
 
+def test_a_reader_that_leaves_early_ends_it_quietly(ckpt):
+    """`eyas inspect | head`: the pipe is closed before eyas prints (it is still starting); no traceback
+    and no "Exception ignored" at exit, exit 141 as SIGPIPE ends `cat`."""
+    proc = subprocess.Popen([sys.executable, "-m", "eyas", "inspect", str(ckpt)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == b"", err.decode()[-2000:]
+
+
 def test_every_json_output_is_strict_json(capsys):
     """NaN and infinities print as null in every verb's --json (one printer), never as bare NaN."""
     from eyas.cli.output import print_json

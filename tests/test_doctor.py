@@ -497,6 +497,25 @@ def test_fixes_name_the_exact_change(healthy, states, tmp_path):
     assert "fit config_speculators.json: delete config.json" in fixes["config_file"]
 
 
+def test_a_rope_scaling_the_draft_was_not_trained_with_is_named(healthy, states, tmp_path):
+    """Hunyuan's NTK-alpha in the config of a draft trained on plain rope (AngelSlim's trainer ignores
+    alpha): engines turn it at theta * 100^(16/14) = 1.9e3 instead of 10; the doctor names plain rope
+    and the edit that records it."""
+    draft = shutil.copytree(healthy, tmp_path / "draft")
+
+    def edit(cfg, fmt):
+        layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
+        layer["rope_scaling"] = {"rope_type": "dynamic", "factor": 1.0, "alpha": 100.0}
+        layer["rope_parameters"] = {**layer["rope_scaling"], "rope_theta": THETA}
+    _edit_configs(draft, edit)
+    rep = diagnose(draft, capture=states, progress=False)
+    first = rep["findings"][0]
+    assert rep["verdict"] == "faulty" and first["fault"] == "rope", format_report(rep)
+    assert first["acceptance_after"] > first["acceptance_before"] + 0.1
+    assert "transformer_layer_config.rope_scaling = null" in first["fix"]
+    assert "rope theta 10," in rep["trained_for"] and "rope_scaling" not in rep["trained_for"], format_report(rep)
+
+
 def test_layer_moves_include_joint_shifts():
     moves = dict((layers, name) for name, layers in layer_moves((1, 3, 5)))
     for d in (-2, -1, 1, 2):  # a convention fault moves every id

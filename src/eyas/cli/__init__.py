@@ -13,13 +13,15 @@
 Every command prints one JSON object on stdout under `--json` (logs go to stderr) and exits 0 (ok),
 1 (`check` found problems, `doctor` found a fault) or 2 (the input cannot be used: one `error:` and
 one `hint:` line; `EYAS_DEBUG=1` shows the traceback instead); SIGINT / SIGTERM during capture or
-train exit 130 / 143 with one `interrupted by ...` line (eyas.interrupt). `python -m eyas` is the
+train exit 130 / 143 with one `interrupted by ...` line (eyas.interrupt); a reader of stdout that
+leaves early (`| head`) ends it quietly with 141, as SIGPIPE ends `cat`. `python -m eyas` is the
 same command.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from eyas.cli.output import progress_bars
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         with progress_bars(getattr(args, "progress", True)):
-            return args.func(args)
+            code = args.func(args)
+        sys.stdout.flush()  # a closed pipe fails here, where it is handled, not in the interpreter's exit
+        return code
     except EyasError as e:
         if os.environ.get("EYAS_DEBUG") == "1":
             raise
@@ -50,3 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:  # SIGINT / SIGTERM in capture or train: what was kept, how to resume
         print(e, file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # the reader of stdout left (`eyas inspect | head`): stop quietly, as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
+        return 128 + signal.SIGPIPE

@@ -52,7 +52,7 @@ def differs(a: Wiring, b: Wiring) -> str:
     if a.layers != b.layers:
         return "concat_order" if sorted(a.layers) == sorted(b.layers) else "capture_layers"
     for field, slug in (("normed", "normalized_features"), ("shift", "position_shift"), ("embeddings", "embeddings"),
-                        ("vocab", "vocab_map"), ("rope_theta", "rope")):
+                        ("vocab", "vocab_map"), ("rope_theta", "rope"), ("rope_scaled", "rope")):
         if getattr(a, field) != getattr(b, field):
             return slug
     return "norm_flags"
@@ -67,5 +67,5 @@ def said(slug: str, base: Wiring, new: Wiring) -> str:
                          if getattr(base, f) != getattr(new, f))
     return {"normalized_features": "raw features",
             "embeddings": "its own embeddings" if base.embeddings == "own" else "the target's embeddings",
-            "vocab_map": f"the {base.vocab} vocab map", "rope": f"rope theta {base.rope_theta:g}",
+            "vocab_map": f"the {base.vocab} vocab map", "rope": base.rope(),
             "position_shift": "features of the same position"}[slug]

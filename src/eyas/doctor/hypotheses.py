@@ -41,6 +41,9 @@ def config_edits(ckpt: Checkpoint, what: str, value: Any) -> str:
             keys = {IDS: list(value)} | ({f"eagle_config.{IDS}": sglang_layer_ids(value)} if fmt == "eagle" else {})
         elif what == "rope_theta":  # (rope_parameters.rope_theta too, where the file has one)
             keys = {"transformer_layer_config.rope_theta" if fmt == "speculators" else "rope_theta": value}
+        elif what == "rope_scaling":  # plain rope: no scaling under either name transformers reads
+            at = "transformer_layer_config." if fmt == "speculators" else ""
+            keys = {f"{at}rope_scaling": None, f"{at}rope_parameters.rope_type": "default"}
         else:  # a norm flag
             keys = {what: value} | ({f"eagle_config.{what}": value} if fmt == "eagle" else {})
         edits.append(f"in {name} set " + " and ".join(f"{k} = {json.dumps(v)}" for k, v in keys.items()))
@@ -161,8 +164,13 @@ def _vocab_hypotheses(base: Wiring, m: Measurer) -> list[Hypothesis]:
 
 
 def _rope_and_shift_hypotheses(base: Wiring, m: Measurer) -> list[Hypothesis]:
-    """The target's or the engines' default rope theta; features one position late."""
+    """The target's or the engines' default rope theta; plain rope where the config scales it (a
+    trainer that ignores the scaling, as AngelSlim's does Hunyuan's alpha); features one position late."""
     out = []
+    if base.rope_scaled:
+        out.append(Hypothesis("rope", "plain rope (no rope_scaling)", dataclasses.replace(base, rope_scaled=False),
+                              "the draft was trained on plain rope (its trainer ignored rope_scaling): "
+                              + config_edits(m.ckpt, "rope_scaling", None), f"rope theta {base.rope_theta:g}"))
     for theta, whose in {m.target_theta: "the target's", DEFAULT_ROPE_THETA: "the engines' default"}.items():
         if theta is not None and theta != base.rope_theta:
             out.append(Hypothesis("rope", f"rope theta {theta:g} ({whose})",

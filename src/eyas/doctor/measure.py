@@ -75,6 +75,7 @@ class Measurer:
         map is the stored, identity or recovered one."""
         c = self.contract.replace(norm_before_residual=w.norm_before_residual, norm_before_fc=w.norm_before_fc,
                                   fc_norm=w.fc_norm, norm_output=w.norm_output, rope_theta=w.rope_theta,
+                                  rope_scaling=self.contract.rope_scaling if w.rope_scaled else None,
                                   has_embeddings=w.embeddings == "own", has_vocab_map=w.vocab != "none")
         src, out = self.ckpt.tensors, {}
         for name, shape in expected_shapes(c).items():

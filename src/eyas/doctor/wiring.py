@@ -30,11 +30,12 @@ class Wiring:
     embeddings: str  # "own" (the checkpoint's embed_tokens) or "target"
     vocab: str  # "stored" d2t, "identity", "recovered" (from lm_head rows), or "none" (full vocab, no map)
     rope_theta: float
+    rope_scaled: bool = False  # the config's rope_scaling applies (False: plain rope at rope_theta)
 
     def drafter_key(self) -> tuple:
         """The settings that need another drafter (the rest only changes the features it is fed)."""
         return (self.norm_before_residual, self.norm_before_fc, self.fc_norm, self.norm_output, self.embeddings,
-                self.vocab, self.rope_theta)
+                self.vocab, self.rope_theta, self.rope_scaled)
 
     def describe(self) -> str:
         flags = [f for f in NORM_FLAGS if getattr(self, f)]
@@ -43,10 +44,13 @@ class Wiring:
         if self.shift:
             parts.append(f"features of position t{self.shift:+d}")
         parts += [f"norm flags {flags or 'none'}", "own embeddings" if self.embeddings == "own" else
-                  "the target's embeddings", f"rope theta {self.rope_theta:g}"]
+                  "the target's embeddings", self.rope()]
         if self.vocab != "none":
             parts.append(f"{self.vocab} d2t")
         return ", ".join(parts)
+
+    def rope(self) -> str:
+        return f"rope theta {self.rope_theta:g}" + (" with the config's rope_scaling" if self.rope_scaled else "")
 
 
 def stored_ids(tensors: dict[str, Tensor], c: DraftContract) -> Tensor | None:
@@ -67,4 +71,5 @@ def contract_wiring(c: DraftContract, tensors: dict[str, Tensor], num_layers: in
         norm_before_residual=c.norm_before_residual, norm_before_fc=c.norm_before_fc, fc_norm=c.fc_norm,
         norm_output=c.norm_output, embeddings="own" if c.has_embeddings else "target",
         vocab="stored" if has_map else "identity" if c.reduced_vocab else "none", rope_theta=c.rope_base,
+        rope_scaled=bool(c.rope_scaling),
     )

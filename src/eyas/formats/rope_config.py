@@ -79,8 +79,9 @@ def _alpha(p: Parsed, alpha: float, where: str) -> None:
         base = alpha_base(theta, alpha, dim)
     except OverflowError:
         base = math.inf
-    if not math.isfinite(base):
-        raise refuse(p.file, f"{where}rope_scaling.alpha", alpha, "a factor that keeps theta*alpha^(d/(d-2)) finite")
+    if not math.isfinite(base) or base <= 1:  # the base rope_theta must be (eyas.formats.values.rope_base)
+        raise refuse(p.file, f"{where}rope_scaling.alpha", alpha,
+                     "a factor that keeps the base theta*alpha^(d/(d-2)) finite and above 1")
     p.warn(
         "rope_alpha",
         f"{where}rope_scaling.alpha",
