@@ -483,6 +483,22 @@ def test_init_continues_from_the_drafts_accuracy_with_its_vocab_map(target_dir, 
     assert torch.equal(draft_tensors(tmp_path / "warm")["d2t"], a["d2t"])
 
 
+def test_init_from_a_draft_without_lm_head_trains_on_the_targets_frozen(target_dir, captured, tmp_path):
+    """A full-vocab draft that reads the target's lm_head stays one: the head is the target's, never
+    trained or saved, through a warm start, a checkpoint and a resume."""
+    c = contract_for_target(target_config(target_dir), capture_layers=tuple(LAYERS)).replace(has_lm_head=False)
+    draft = write_checkpoint(tmp_path / "shared", c, random_tensors(c), "eagle")
+    kw = dict(draft_vocab=None, max_steps=2, save_every=1)
+    train(config(captured, tmp_path / "run", target_dir, init=str(draft), **kw))
+    (tmp_path / "run" / "draft").rename(tmp_path / "first")
+    assert train(config(captured, tmp_path / "run", target_dir, resume=True, **kw))["steps"] == 2  # rebuilt
+    out = read_checkpoint(tmp_path / "run" / "draft")
+    assert not out.contract.has_lm_head and "lm_head.weight" not in out.tensors
+    assert not torch.equal(out.tensors["fc.weight"], random_tensors(c)["fc.weight"])  # the rest was trained
+    head = target_tensors(target_dir, ["lm_head.weight"])["lm_head.weight"]
+    assert torch.equal(load_drafter(tmp_path / "run" / "draft", target=target_dir).lm_head.weight, head)
+
+
 def test_init_refuses_a_draft_that_does_not_fit_naming_the_field(target_dir, captured, init_draft, tmp_path):
     def refused(field: str, draft: Path, data: Path = captured, **kw) -> None:
         out = tmp_path / f"run-{field}"
