@@ -9,6 +9,21 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eyas.contract import DraftContract
+
+# what a draft may borrow (a Drafter keyword and module name) -> the contract flag saying it ships its own
+_OWN = {"embed_tokens": "has_embeddings", "lm_head": "has_lm_head"}
+
+
+def borrowed_names(c: DraftContract) -> list[str]:
+    """The target matrices a draft of contract `c` reads instead of shipping: embed_tokens, lm_head."""
+    return [name for name, own in _OWN.items() if not getattr(c, own)]
+
+
+def borrowed(c: DraftContract, **target: Tensor) -> dict[str, Tensor]:
+    """Of the target's matrices given by name, those `c` borrows: the keywords `Drafter.from_tensors` takes."""
+    return {name: target[name] for name in borrowed_names(c)}
+
 
 class SharedEmbedding(nn.Module):
     """The target's `embed_tokens` [V, H], borrowed."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.borrowed import borrowed_names
 from eyas.drafter import Drafter
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats import Checkpoint, read_checkpoint
@@ -77,17 +78,14 @@ def load_drafter_and_config(
     with _naming(ckpt):
         check_fits(ckpt.contract, ref.text_config)
     c = ckpt.contract
-    borrowed = [n for n, own in (("embed_tokens.weight", c.has_embeddings), ("lm_head.weight", c.has_lm_head))
-                if not own]
-    if borrowed:  # the target's [V, H] matrices come next: often larger than the draft
+    names = borrowed_names(c)
+    if names:  # the target's [V, H] matrices come next: often larger than the draft
         size = c.vocab_size * c.hidden_size * torch.empty(0, dtype=dtype).element_size()
-        names = " and ".join(n.split(".")[0] for n in borrowed)
-        check_fits_memory(len(borrowed) * size, ref.device, f"the target's {names} for draft {folder} in "
-                          f"{short_name(dtype)}")
-    given = ref.tensors(borrowed, dtype=dtype, device=ref.device) if borrowed else {}
+        check_fits_memory(len(names) * size, ref.device, f"the target's {' and '.join(names)} for draft {folder} "
+                          f"in {short_name(dtype)}")
+    given = ref.tensors([f"{n}.weight" for n in names], dtype=dtype, device=ref.device) if names else {}
     with _naming(ckpt):
-        drafter = Drafter.from_tensors(c, ckpt.tensors, embed_tokens=given.get("embed_tokens.weight"),
-                                       lm_head=given.get("lm_head.weight"), dtype=dtype)
+        drafter = Drafter.from_tensors(c, ckpt.tensors, **{n: given[f"{n}.weight"] for n in names}, dtype=dtype)
     return drafter.to(ref.device), ckpt.config_path
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from eyas.acceptance import accepted_chains, chain_acceptance
+from eyas.borrowed import borrowed
 from eyas.contract import DraftContract, expected_shapes
 from eyas.doctor.capture import Capture
 from eyas.doctor.stats import DEPTH, FLOOR, Outcome, rejected
@@ -65,8 +66,7 @@ class Measurer:
         key = (cls, *w.drafter_key())
         if key not in self._drafters:
             c, t = self._tensors(w)
-            self._drafters[key] = cls.from_tensors(c, t, embed_tokens=None if c.has_embeddings else self.embed,
-                                                   lm_head=None if c.has_lm_head else self.lm_head)
+            self._drafters[key] = cls.from_tensors(c, t, **borrowed(c, embed_tokens=self.embed, lm_head=self.lm_head))
         return self._drafters[key]
 
     def _tensors(self, w: Wiring) -> tuple[DraftContract, dict[str, Tensor]]:

@@ -50,6 +50,7 @@ class Wiring:
         return ", ".join(parts)
 
     def rope(self) -> str:
+        """The rope it turns, in words: the theta, and whether the config's scaling applies."""
         return f"rope theta {self.rope_theta:g}" + (" with the config's rope_scaling" if self.rope_scaled else "")
 
 

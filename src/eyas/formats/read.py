@@ -273,8 +273,8 @@ def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[s
         origin["has_vocab_map"] = "tensors: d2t/t2d " + ("present" if f["has_vocab_map"] else "absent")
         # no lm_head of its own: a full-vocab draft reads the target's (a reduced one is missing a tensor)
         f["has_lm_head"] = "lm_head.weight" in tensors or f["has_vocab_map"] or f["draft_vocab_size"] < f["vocab_size"]
-        origin["has_lm_head"] = "tensors: lm_head.weight " + ("present" if "lm_head.weight" in tensors else "absent"
-                                                               if not f["has_lm_head"] else "absent (required)")
+        state = "present" if "lm_head.weight" in tensors else "absent" + ("" if not f["has_lm_head"] else " (required)")
+        origin["has_lm_head"] = f"tensors: lm_head.weight {state}"
         fc, ht = tensors.get("fc.weight"), f["target_hidden_size"]
         if f["capture_layers"] is None and fc is not None and fc.ndim == 2 and fc.shape[1] % ht == 0:
             f["num_aux_layers"] = fc.shape[1] // ht

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from eyas.borrowed import borrowed
 from eyas.contract import DraftContract, contract_for_target
 from eyas.drafter import Drafter
 from eyas.errors import ContractError
@@ -87,8 +88,7 @@ def resumed_draft(config: TrainConfig, state: dict[str, Any], train_set: list[di
 def _rebuilt(contract: DraftContract, tensors: dict[str, Tensor], lm_head: Tensor, embed: Tensor) -> Drafter:
     """A drafter from saved tensors, given the target's matrices it borrows (a borrowed lm_head stays
     frozen and unsaved, as it was trained)."""
-    return Drafter.from_tensors(contract, tensors, embed_tokens=None if contract.has_embeddings else embed,
-                                lm_head=None if contract.has_lm_head else lm_head)
+    return Drafter.from_tensors(contract, tensors, **borrowed(contract, embed_tokens=embed, lm_head=lm_head))
 
 
 def _target_matrices(config: TrainConfig) -> tuple[Tensor, Tensor]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from eyas.borrowed import borrowed_names
 from eyas.drafter import Drafter
 from eyas.evaluate import evaluate_samples
 
@@ -28,6 +29,5 @@ def heldout_eval(drafter: Drafter, heldout: list[dict[str, torch.Tensor]], lm_he
 def cpu_copy(drafter: Drafter) -> Drafter:
     """The drafter on the CPU for evaluation (eyas.evaluate builds its index tensors there)."""
     tensors = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
-    borrowed = {"embed_tokens": drafter.embed_tokens, "lm_head": drafter.lm_head}
-    return Drafter.from_tensors(drafter.contract, tensors, **{k: m.weight.cpu() for k, m in borrowed.items()
-                                                            if f"{k}.weight" not in tensors})
+    shared = {name: getattr(drafter, name).weight.cpu() for name in borrowed_names(drafter.contract)}
+    return Drafter.from_tensors(drafter.contract, tensors, **shared)
