@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
+from eyas.jsonsafe import dumps
 from eyas.train import heldout_curve, plot_heldout
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in curves:
         print(f"{c.label}: tau {c.tau[0]:.3f} -> {c.tau[-1]:.3f} over {c.total_hours:.2f} {c.unit}-hours",
               file=sys.stderr)
-    print(json.dumps({"png": str(args.out), "curves": [dataclasses.asdict(c) for c in curves]}))
+    print(dumps({"png": str(args.out), "curves": [dataclasses.asdict(c) for c in curves]}))  # NaN: null
     return 0
 
 

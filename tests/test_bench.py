@@ -170,6 +170,10 @@ def test_run_bench_all_methods(saved, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = format_bench(rep)
     assert all(name in table for name in METHODS) and "chain k=4" in table and "speedup by category" in table
+    rows = table.splitlines()
+    head = next(i for i, r in enumerate(rows) if r.startswith("method "))
+    at = rows[head].index("dtype")  # every row's dtype under the header's, however long a method's label
+    assert all(r[at:at + 5].strip() in ("bf16", "fp32") for r in rows[head + 1:head + 1 + len(METHODS)]), table
 
 
 def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):

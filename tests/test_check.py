@@ -112,6 +112,23 @@ def test_unreadable_input_raises(tmp_path, target):
         check_checkpoint(_ck(tmp_path, name="ok"), target=tmp_path / "nowhere")
 
 
+def test_what_no_runner_builds_is_named_by_check_not_first_by_eval(tmp_path, target):
+    """A hidden_act the drafter lacks is an unrunnable part (check warns, the run verbs refuse); a
+    llama3 rope without its band factors is refused at read, naming the field; a target size that
+    is no positive integer is refused naming the target, not compared as a mismatch."""
+    path = _ck(tmp_path, fmt="eagle", name="act")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "hidden_act": "bogus"}))
+    rep = check_checkpoint(path, target=target)
+    assert any(w["code"] == "draft_not_runnable" and "hidden_act 'bogus'" in w["warning"] for w in rep.warnings)
+    (path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    with pytest.raises(FormatError, match=r"field 'rope_scaling.low_freq_factor' is None, expected a number"):
+        check_checkpoint(path)
+    (target / "config.json").write_text(json.dumps({**TARGET, "hidden_size": "64"}))
+    with pytest.raises(FormatError, match=r"field 'hidden_size' is '64', not a positive integer"):
+        check_checkpoint(_ck(tmp_path, name="ok"), target=target)
+
+
 def test_config_only_check_skips_tensors(tmp_path, target):
     path = tmp_path / "draft.json"
     path.write_text(json.dumps(speculators_config(tiny_contract(capture_layers=(2, 3, 5)))))

@@ -173,7 +173,7 @@ def test_serve_check_without_the_engine_names_the_install_command(draft, target,
     """The engine run itself is tests/test_engine_vllm.py; here: a missing engine is one error line, exit 2."""
     monkeypatch.setenv("EYAS_ENGINES", str(tmp_path / "no-engines"))
     code, out, err = run(capsys, "serve-check", draft, "--target", target, "--limit", "1", "--json")
-    assert code == 2 and out == ""
+    assert code == 2 and json.loads(out)["exit_code"] == 2
     assert "vllm is not installed" in err and "bash scripts/install-engines.sh" in err
     assert not (tmp_path / "no-engines").exists()
 
@@ -196,6 +196,16 @@ def _verb_parsers() -> dict[str, argparse.ArgumentParser]:
     return dict(sub.choices)
 
 
+def test_the_doctors_defaults_in_its_help_are_the_librarys():
+    from eyas.doctor import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS
+
+    args = build_parser().parse_args(["doctor"])
+    assert (args.limit, args.max_new_tokens) == (DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS)
+    shown = " ".join(_verb_parsers()["doctor"].format_help().split())  # wrapped at any terminal width
+    assert f"(default: {DEFAULT_LIMIT};" in shown and f"(default: {DEFAULT_MAX_NEW_TOKENS})" in shown
+    assert "eyas.doctor." not in shown
+
+
 def test_every_verb_every_flag_has_help_and_closed_sets_have_choices():
     parsers = _verb_parsers()
     assert set(parsers) == set(VERBS)
@@ -216,7 +226,7 @@ def test_every_verb_every_flag_has_help_and_closed_sets_have_choices():
             assert {"bf16", "bfloat16", "fp32", "float32"} | auto <= set(flags["--dtype"].choices) <= set(DTYPE_CHOICES) | auto, verb
         if verb in ("inspect", "check", "convert", "eval", "generate", "bench", "doctor"):
             assert "--layer-convention" in flags, verb
-        if verb in ("capture", "eval", "train", "bench", "doctor"):
+        if verb in ("capture", "eval", "train", "generate", "bench", "doctor", "serve-check"):
             assert "--no-progress" in flags, verb
         assert "--target" in flags, verb
 
@@ -232,6 +242,24 @@ def test_a_bad_flag_value_exits_2_with_an_error_line(argv, named, capsys):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
     assert any(line.startswith("eyas") and ": error: " in line and named in line for line in err.splitlines()), err
+    assert err.splitlines()[-1] == f"hint: `eyas {argv[0]} --help` lists its flags and their values"
+
+
+def test_json_readers_get_the_error_as_json_too(tmp_path, capsys):
+    code, out, err = run(capsys, "check", tmp_path / "nowhere", "--json")
+    assert code == 2 and err.startswith("error: ")
+    assert json.loads(out) == {"error": f"{tmp_path / 'nowhere'}: no such file or folder",
+                               "hint": "pass a draft folder or a draft config .json file", "exit_code": 2}
+
+
+def test_a_flag_the_verb_lacks_is_refused_by_the_verb(capsys):
+    """Named with the verb's usage line, not the top level's (argparse leaves unknown flags to the top)."""
+    code, out, err = run(capsys, "init", "x", "--device", "cuda")
+    lines = err.splitlines()
+    assert code == 2 and out == "" and lines[0].startswith("usage: eyas init ")
+    assert "eyas init: error: unrecognized arguments: --device cuda" in lines
+    code, _, err = run(capsys, "sideways")
+    assert code == 2 and err.splitlines()[-1] == "hint: `eyas --help` lists the verbs"
 
 
 def test_python_m_eyas_and_a_light_help():

@@ -15,7 +15,7 @@ from eyas.cli import main
 from eyas.data import Prompt, capture, read_prompts
 from eyas.data.caches import detect_format, open_cache
 from eyas.data.dumps import read_dump
-from eyas.data.prompts import check_prompts
+from eyas.data.prompts import _prompts_from_records, check_prompts
 from eyas.errors import EyasError, FormatError
 from eyas.target import Target
 
@@ -144,3 +144,70 @@ def test_eval_json_writes_null_where_a_depth_has_no_positions(made, capsys):
     rep = json.loads(capsys.readouterr().out, parse_constant=_no_bare_constants)
     assert rep["acceptance_by_depth"][-1] is None  # 4 answer tokens: nothing reaches depth 8
     assert isinstance(rep["acceptance_by_depth"][0], float) and rep["tokens"] > 0
+
+
+# --- a capture read once, as it was written --------------------------------------------------------
+
+
+def _edited_copy(cap: Path, dst: Path, **changes) -> Path:
+    dst.mkdir()
+    for f in cap.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((cap / "manifest.json").read_text())
+    (dst / "manifest.json").write_text(json.dumps({**manifest, **{k: v(manifest) for k, v in changes.items()}}))
+    return dst
+
+
+@pytest.mark.parametrize("field, change, says", [
+    ("shards", lambda m: m["shards"] * 2, "lists shard_00000.safetensors twice"),
+    ("generation", lambda m: None, "field 'generation' is None"),
+    ("capture_layers", lambda m: m["capture_layers"][::-1], "strictly increasing"),
+])
+def test_a_manifest_that_would_count_samples_twice_or_misread_is_refused(made, tmp_path, capsys, field, change,
+                                                                          says):
+    target, draft, cap = made
+    bad = _edited_copy(cap, tmp_path / "bad", **{field: change})
+    assert main(["eval", str(draft), "--target", str(target), "--data", str(bad), "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert str(bad / "manifest.json") in line and says in line, line
+
+
+def test_a_capture_given_twice_is_refused(made, tmp_path, capsys):
+    target, _, cap = made
+    copy = _edited_copy(cap, tmp_path / "copy")
+    for data in (f"{cap},{cap}", f"{cap},{copy}"):
+        assert main(["train", "--data", data, "--out", str(tmp_path / "run"), "--target", str(target),
+                     "--max-steps", "1", "--no-progress"]) == 2
+        assert "pass each capture once" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_capture_layers_that_no_draft_reads_are_refused_before_capturing(made, tmp_path, capsys):
+    target = made[0]
+    for layers in ("1,1,2", "4,2,1"):
+        assert main(["capture", "--prompts", "mtbench", "--limit", "1", "--target", str(target),
+                     "--capture-layers", layers, "--out", str(tmp_path / "cap")]) == 2
+        assert "strictly increasing" in error_line(capsys)
+    assert not (tmp_path / "cap").exists()
+
+
+def test_a_lone_surrogate_is_refused_naming_the_line_and_skipped_in_a_corpus(made, tmp_path, capsys):
+    """JSON's \\ud800 escape decodes to no Unicode text; no tokenizer takes it."""
+    target, draft, _ = made
+    bad = tmp_path / "surrogate.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": "\\ud800 hello"}\n')
+    assert main(["eval", str(draft), "--target", str(target), "--prompts", str(bad), "--no-progress"]) == 2
+    assert "surrogate.jsonl line 2: character 1 ('\\ud800') is a lone surrogate" in error_line(capsys)
+    assert main(["generate", "--prompt", "caf\udce9", "--target", str(target), str(draft)]) == 2
+    assert error_line(capsys).startswith("error: --prompt: character 4")
+    records = [(1, {"prompt": "fine"}), (2, {"prompt": "\ud800"})]
+    assert [p.text for p in _prompts_from_records(records, "corpus", "corpus", strict=False)] == ["fine"]
+
+
+def test_eyas_warnings_print_as_one_warning_line(made, tmp_path, capsys):
+    target, draft, cap = made
+    partial = _edited_copy(cap, tmp_path / "partial", complete=lambda m: False)
+    assert main(["eval", str(draft), "--target", str(target), "--data", str(partial), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: {partial / 'manifest.json'}: the capture is incomplete (1 shards finished)")
+    assert "UserWarning" not in err

@@ -584,6 +584,18 @@ def test_a_correct_engine_dump_is_ok(healthy, states, tmp_path):
         rep["dump"]["acceptance_on_correct_features"]["acceptance_depth1"], abs=0.02)  # bf16 dump vs fp32
 
 
+def test_a_dump_that_matches_no_state_leaves_the_fed_features_unjudged(healthy, states, tmp_path):
+    """Noise of the right width: no chunk is a state of the target, so an OK verdict on the draft's
+    own wiring must not read as 'the engine fed it right'."""
+    dump = write_dump(states, tmp_path / "dump.safetensors", LAYERS)
+    t = load_file(dump)
+    t["features"] = torch.randn(t["features"].shape, generator=torch.Generator().manual_seed(0)).to(t["features"].dtype)
+    save_file(t, dump)
+    rep = diagnose(healthy, capture=states, features=dump, progress=False)
+    assert not any(c["identified"] for c in rep["dump"]["chunks"])
+    assert "the dump matches none of the target's states" in format_report(rep).splitlines()[0]
+
+
 @pytest.fixture(scope="module")
 def answers_cache(target_dir, tmp_path_factory):
     """eyas's own capture of the target's answers to 12 held-out prompts at LAYERS: a trainer's cache."""
@@ -639,6 +651,12 @@ def test_the_doctor_measures_a_cache_on_its_first_samples(healthy, target_dir, a
     assert [c["layer"] for c in rep["dump"]["chunks"]] == LAYERS and rep["cache"]["format"] == "eyas"
     assert any("--limit 24 halves what can" in n for n in rep["notes"])
     assert f"feature cache (its first sample) {answers_cache}:" in format_report(rep)
+    # the draft on the cache's own features and on correct ones: the same samples, so a correctly taken
+    # (fp32) cache loses nothing (it once compared the first sample with all six)
+    on, correct = rep["dump"]["acceptance_on_dump"], rep["dump"]["acceptance_on_correct_features"]
+    assert rep["dump"]["samples_measured"] == 6
+    assert on["acceptance_depth1"] == pytest.approx(correct["acceptance_depth1"], abs=0.02)
+    assert "draft on the cache's features (6 samples)" in format_report(rep)
     deeper = tmp_path / "deeper"  # the same answers captured one layer deeper than the draft reads
     capture(Target.load(target_dir), _prompt_texts(12, seed=4), [k + 1 for k in LAYERS], deeper, max_new_tokens=24,
             dtype="float32", progress=False)

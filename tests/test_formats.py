@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import os
+import re
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from conftest import LLAMA3_ROPE, random_tensors, tiny_contract
 from eyas.check import consumers
 from eyas.contract import Verifier
 from eyas.errors import ContractError, EyasError, FormatError
+from eyas.formats.emit import eagle_config
 from eyas.formats import (
     IDS,
     convert_checkpoint,
@@ -657,6 +659,28 @@ def test_destination_rules(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]
 
 
+def test_force_replaces_a_draft_and_nothing_else(tmp_path):
+    """--force replaces a folder holding a draft; a model's folder, a capture's or one holding
+    folders (the current directory, a clone) is refused whole, and left as it was."""
+    c = tiny_contract()
+    t = random_tensors(c)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}))
+    (model / "tokenizer.json").write_text("{}")
+    here = tmp_path / "here"
+    (here / "shards").mkdir(parents=True)
+    (here / "config.json").write_text(json.dumps(eagle_config(c, "float32")))  # a draft's config, beside shards/
+    for dst, why in ((model, "holds no EAGLE-3 draft config"), (here, "holds folders (shards)")):
+        before = sorted(p.name for p in dst.rglob("*"))
+        with pytest.raises(FormatError, match=re.escape(f"--force replaces only a draft folder, and this one {why}")):
+            write_checkpoint(dst, c, t, "eagle", force=True)
+        assert sorted(p.name for p in dst.rglob("*")) == before
+    draft = write_checkpoint(tmp_path / "draft", c, t, "eagle")
+    assert write_checkpoint(draft, c, t, "speculators", force=True) == draft
+    assert json.loads((draft / "config.json").read_text()).get("speculators_config")
+
+
 def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
     c = tiny_contract()
     t = random_tensors(c)
@@ -665,7 +689,7 @@ def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
         write_checkpoint(tmp_path / "d", c, bad, "eagle")
     assert list(tmp_path.iterdir()) == []
 
-    (tmp_path / "d").mkdir()
+    write_checkpoint(tmp_path / "d", c, t, "eagle")  # a draft: what --force may replace
     (tmp_path / "d" / "keep.txt").write_text("old")
 
     def boom(*a, **k):

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save
 
 from fuzzing import (FORMATS, FUZZ, assert_handled, config_mutation, digest, run_main, safetensors_mutation,
                      world)  # noqa: F401 (world: a fixture)
@@ -82,6 +83,19 @@ def test_mutated_safetensors_are_read_or_refused_cleanly(world, fmt, data, capsy
     mutated = data.draw(safetensors_mutation(raw))
     case = _mutated_copy(world, fmt, world["root"] / f"case-st-{fmt}", "model.safetensors", mutated)
     _exercise(world, case, "model.safetensors", capsys)
+
+
+@pytest.mark.parametrize("name", ["layers.0.hidden_norm.weight", "fc.weight"])
+def test_a_vector_stored_as_a_matrix_and_back_is_a_finding(world, capsys, name):
+    """A norm weight saved as [1, H] (unsqueezed by some exporter), or a matrix flattened: a shape
+    finding, never an IndexError while explaining it."""
+    t = load_file(world["speculators"] / "model.safetensors")
+    t[name] = t[name].unsqueeze(0).contiguous() if t[name].ndim == 1 else t[name].flatten().contiguous()
+    case = _mutated_copy(world, "speculators", world["root"] / f"reshaped-{name}", "model.safetensors",
+                         save(t))
+    _exercise(world, case, "model.safetensors", capsys)
+    rc, out, _ = run_main(["check", str(case), "--json"], capsys)
+    assert rc == 1 and any(p["code"].endswith("shape") and name in p["problem"] for p in json.loads(out)["problems"])
 
 
 def test_the_fuzzer_reaches_both_outcomes(world, capsys):

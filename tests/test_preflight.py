@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from test_data import LAYERS, PROMPTS, save_tiny_target
 
 import eyas.data.textfile as textfile
-from eyas.cli import main
+from eyas.cli import build_parser, main, preflight
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -240,6 +240,56 @@ def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
     refused(capsys, ["init", box, "--target", box / "tgt", "--force"], "(DST) holds", "(--target)")
     refused(capsys, ["convert", d, box / "tgt", "--format", "eagle", "--target", box / "tgt", "--force"], "(DST) is")
     assert all(p.read_bytes() == b for p, b in before.items()) and (box / "tgt" / "config.json").is_file()
+    (tmp_path / "work" / "shards").mkdir(parents=True)  # --force replaces a draft, not a working folder
+    refused(capsys, ["init", tmp_path / "work", "--force", "--target", t], "replaces only a draft folder",
+            "holds folders (shards)")
+    refused(capsys, ["convert", d, "", "--format", "eagle"], "DST is an empty path")
+    assert (tmp_path / "work" / "shards").is_dir()
+
+
+def test_no_output_overwrites_the_embedded_default_or_the_shipped_draft(world, tmp_path, capsys, no_loading,
+                                                                        monkeypatch):
+    """The target left out (or "default") is the embedded default's cache folder, and DRAFTER left out
+    the shipped draft: outputs are held apart from those as from any named input."""
+    from eyas.drafter_loading import SHIPPED_DRAFTS, resolve_drafter, shipped_draft
+    from eyas.embedded import EMBEDDED_DIR, EMBEDDED_NAME, is_default
+    from eyas.target import TargetRef
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cached = tmp_path / "eyas" / EMBEDDED_DIR
+    cached.mkdir(parents=True)
+    for f in world["target"].iterdir():
+        (cached / f.name).write_bytes(f.read_bytes())
+    before = {p: p.read_bytes() for p in cached.iterdir()}
+    d, prompts = world["draft"], world["prompts"]
+    refused(capsys, ["serve-check", d, "--prompts", prompts, "--dump", cached / "model.safetensors"], "(--target)")
+    refused(capsys, ["eval", d, "--prompts", prompts, "--plot", cached / "config.json", "--target", "default"],
+            "(--plot) is already inside", "(--target)")
+    refused(capsys, ["init", cached, "--force", "--capture-layers", "1,2,3"], "(DST) is", "(--target)")
+    refused(capsys, ["convert", d, cached, "--format", "eagle", "--force"], "(DST) is", "(--target)")
+    shipped = shipped_draft(EMBEDDED_NAME)
+    assert shipped is not None and str(shipped).endswith(SHIPPED_DRAFTS[EMBEDDED_NAME])
+    refused(capsys, ["eval", "--prompts", prompts, "--plot", shipped / "heldout_tau.png"], "(DRAFTER)")
+    refused(capsys, ["eval", d, "--prompts", prompts, "--against", "default", "--plot", shipped / "heldout_tau.png"],
+            "(--against)")
+    assert all(p.read_bytes() == b for p, b in before.items())
+    # the cache folder named as a path is the embedded default, under its own identity
+    assert is_default(cached) and is_default(cached / "config.json") and is_default(None) and is_default("smollm2")
+    assert not is_default(world["target"]) and not is_default(tmp_path / "nowhere")
+    assert TargetRef.resolve(cached / "config.json", weights=False).name == EMBEDDED_NAME
+    assert resolve_drafter(None, cached) == shipped
+
+
+def test_sampling_knobs_at_temperature_0_are_named_and_an_empty_verifier_name_refused(world, capsys, no_loading):
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--top-p", "0.5", "--top-k", "3"])
+    preflight.sampling(args)
+    assert capsys.readouterr().err == ("warning: --top-p 0.5 and --top-k 3 do nothing at --temperature 0 (greedy); "
+                                       "pass a temperature to sample\n")
+    preflight.sampling(build_parser().parse_args(["generate", "--prompt", "hi", "--temperature", "0.7",
+                                                  "--top-p", "0.5"]))
+    assert capsys.readouterr().err == ""
+    refused(capsys, ["convert", world["draft"], world["root"] / "out", "--format", "eagle", "--verifier-name", " "],
+            "--verifier-name is empty")
 
 
 def test_a_draft_passed_as_the_target_is_named(world, capsys, no_loading):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import threading
 import time
@@ -13,10 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_TARGET_LAYERS, tiny_contract
+from safetensors.torch import load_file, save_file
+from test_data import save_tiny_target
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import eyas.embedded as embedded_mod
 from eyas.contract import default_capture_layers
+from eyas.data import capture
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.target import (
     EMBEDDED_DIR,
@@ -372,3 +376,46 @@ def test_embedded_default_greedy_matches_generate():
         got.append(out.logits[0, -1].argmax())
     assert torch.stack(got).tolist() == expected.tolist()
     assert target.tokenizer.chat_template  # the chat template survived the conversion
+
+
+# --- a target transformers cannot build, or would build with random weights -----------------------
+
+
+def _damaged_target(root: Path, name: str, edit_config=None, edit_weights=None) -> Path:
+    folder = save_tiny_target(root / name)
+    if edit_config is not None:
+        cfg = json.loads((folder / "config.json").read_text())
+        edit_config(cfg)
+        (folder / "config.json").write_text(json.dumps(cfg))
+    if edit_weights is not None:
+        weights = load_file(folder / "model.safetensors")
+        edit_weights(weights)
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("name, config, weights, says", [
+    ("no-heads", lambda c: c.update(num_attention_heads=0), None, "ZeroDivisionError"),
+    ("kv-heads", lambda c: c.update(num_key_value_heads=3), None, "RuntimeError"),
+    ("rope", lambda c: c.update(rope_scaling={"rope_type": "bogus", "factor": 2.0}), None, "KeyError: 'bogus'"),
+    ("model-type", lambda c: c.pop("model_type"), None, "Unrecognized model"),
+    ("missing", None, lambda w: w.pop("model.layers.1.mlp.down_proj.weight"),
+     "lack 1 tensor(s) the config asks for (model.layers.1.mlp.down_proj.weight)"),
+    ("deeper", lambda c: c.update(num_hidden_layers=c["num_hidden_layers"] + 1), None, "model.layers.4."),
+])
+def test_a_target_transformers_cannot_build_faithfully_is_refused_naming_it(tmp_path, name, config, weights, says):
+    """Not a traceback from inside transformers, and never a model whose missing layers were filled with
+    random weights (it answers, and every feature captured from it is wrong)."""
+    folder = _damaged_target(tmp_path, name, config, weights)
+    with pytest.raises(FormatError, match=f"target {folder}") as e:
+        Target.load(folder)
+    assert says in str(e.value), str(e.value)
+
+
+def test_a_target_with_nan_weights_captures_nothing(tmp_path):
+    """Its features are NaN: refused naming the target and the prompt, and no shard is written."""
+    folder = _damaged_target(tmp_path, "nan", None, lambda w: w["model.layers.1.mlp.up_proj.weight"].fill_(math.nan))
+    with pytest.raises(EyasError, match=r"its features on prompt 0 are not finite"):
+        capture(Target.load(folder), ["hello there"], [1, 2, 3], tmp_path / "cap", max_new_tokens=4,
+                dtype="float32", progress=False)
+    assert not (tmp_path / "cap").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import shutil
@@ -55,6 +56,7 @@ from eyas.train import (
     ttt_loss,
     vocab_coverage,
 )
+from eyas.train.checkpoint import append_log
 from eyas.train.config import add_arguments, autocast_dtype, export_dtype
 from eyas.train.dataset import load_training_data
 
@@ -499,6 +501,23 @@ def test_init_from_a_draft_without_lm_head_trains_on_the_targets_frozen(target_d
     assert torch.equal(load_drafter(tmp_path / "run" / "draft", target=target_dir).lm_head.weight, head)
 
 
+def test_init_reads_nested_layer_ids_as_layer_convention_says(target_dir, captured, tmp_path):
+    """--init's eagle_config ids [0, 1, 3] are capture [0, 1, 3] as current SGLang reads them (first id
+    not 1), which the data does not hold; `--layer-convention output` reads them as the data's [1, 2, 4]."""
+    c = contract_for_target(target_config(target_dir), capture_layers=tuple(LAYERS))
+    draft = write_checkpoint(tmp_path / "nested", c, random_tensors(c), "eagle")
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [k - 1 for k in LAYERS]}
+    (draft / "config.json").write_text(json.dumps(cfg))
+    kw = dict(init=str(draft), draft_vocab=None, max_steps=1, save_every=0)
+    with pytest.raises(ContractError, match=r"capture_layers is \[0, 1, 3\]"):
+        train(config(captured, tmp_path / "input", target_dir, **kw))
+    assert train(config(captured, tmp_path / "output", target_dir, layer_convention="output", **kw))["steps"] == 1
+    with pytest.raises(EyasError, match=r"layer_convention='output' without init"):
+        train(config(captured, tmp_path / "alone", target_dir, layer_convention="output", max_steps=1))
+
+
 def test_init_refuses_a_draft_that_does_not_fit_naming_the_field(target_dir, captured, init_draft, tmp_path):
     def refused(field: str, draft: Path, data: Path = captured, **kw) -> None:
         out = tmp_path / f"run-{field}"
@@ -535,6 +554,11 @@ def test_learning_curve_counts_processor_hours_of_the_training_steps(tmp_path):
     assert (curve.unit, curve.hours, curve.tau, curve.total_hours) == ("CPU", [7.0, 10.0], [1.5, 1.7], 10.0)
     assert curve.tau_ci95 == [None, [1.6, 1.8]]  # the first record is from a log before the intervals
     plot_heldout([curve], tmp_path / "with_interval.png")
+    one = tmp_path / "one_sample.jsonl"  # one held-out sample: no interval, written as JSON's null
+    for r in records:
+        append_log(one, {**r, "tau_ci95": [math.nan, math.nan]} if r["kind"] == "eval" else r)
+    assert "NaN" not in one.read_text() and heldout_curve(one).tau_ci95 == [[None, None]] * 2
+    plot_heldout([heldout_curve(one)], tmp_path / "no_interval.png")
     gpu = [{**r, "device": "cuda", "procs": 1} if r["kind"] == "train" else r for r in records]
     log.write_text("".join(json.dumps(r) + "\n" for r in gpu))
     assert heldout_curve(log).hours == [1.0, 1.5] and heldout_curve(log).unit == "GPU"

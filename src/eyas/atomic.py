@@ -11,7 +11,6 @@ line naming the file, and leaves nothing behind: not the temp file, nor folders 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shutil
 import tempfile
@@ -23,6 +22,7 @@ from typing import IO, Any
 from safetensors import SafetensorError
 
 from eyas.errors import EyasError
+from eyas.jsonsafe import dumps
 
 
 def _umask() -> int:
@@ -94,8 +94,8 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
-    """Pretty JSON with a final newline, written atomically."""
-    return write_text(path, json.dumps(obj, indent=2) + "\n")
+    """Pretty JSON with a final newline (NaN as null: eyas.jsonsafe), written atomically."""
+    return write_text(path, dumps(obj, indent=2) + "\n")
 
 
 @contextmanager

@@ -28,13 +28,18 @@ DEFAULT_ROPE_THETA = 10000.0  # what every engine builds when a draft config nam
 IDS = "eagle_aux_hidden_state_layer_ids"  # the config key that records capture_layers, in every format
 
 
-def target_facts(cfg: dict[str, Any]) -> dict[str, Any]:
-    """What a target (verifier) config.json says about itself; multimodal configs nest it in `text_config`."""
+def target_facts(cfg: dict[str, Any], where: str = "the target's config.json") -> dict[str, Any]:
+    """What a target (verifier) config.json says about itself; multimodal configs nest it in `text_config`.
+    Its sizes, where given, are positive integers (else one line naming `where` and the field): every
+    comparison with a draft is arithmetic on them."""
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
 
     def pick(key: str) -> Any:
         return cfg[key] if cfg.get(key) is not None else text.get(key)
 
+    for key in ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"):
+        if pick(key) is not None:
+            target_size(where, {key: pick(key)}, key)
     rope = pick("rope_parameters") if isinstance(pick("rope_parameters"), dict) else {}
     return {
         "name_or_path": cfg.get("_name_or_path") or None,

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eyas.activations import ACTIVATIONS
 from eyas.borrowed import SharedEmbedding, SharedHead
 from eyas.contract import DraftContract
 from eyas.drafter_checks import check_buildable, check_runnable, check_tensors, check_vocab_map
@@ -74,12 +74,6 @@ ATTENTION: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
     "eager": eager_attention,
 }
 
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
-    "relu": F.relu,
-}
 
 
 def _check_implemented(c: DraftContract, attention: str) -> None:

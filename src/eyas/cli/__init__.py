@@ -12,7 +12,8 @@
 
 Every command prints one JSON object on stdout under `--json` (logs go to stderr) and exits 0 (ok),
 1 (`check` found problems, `doctor` found a fault) or 2 (the input cannot be used: one `error:` and
-one `hint:` line; `EYAS_DEBUG=1` shows the traceback instead); SIGINT / SIGTERM during capture or
+one `hint:` line, and under `--json` `{"error", "hint", "exit_code"}` on stdout; `EYAS_DEBUG=1`
+shows the traceback instead); SIGINT / SIGTERM during capture or
 train exit 130 / 143 with one `interrupted by ...` line (eyas.interrupt); a reader of stdout that
 leaves early (`| head`) ends it quietly with 141, as SIGPIPE ends `cat`. `python -m eyas` is the
 same command.
@@ -23,13 +24,29 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
+from collections.abc import Callable
 
-from eyas.cli.output import progress_bars
+from eyas.cli.output import print_json, progress_bars
 from eyas.cli.parser import build_parser
 from eyas.errors import EyasError
 from eyas.interrupt import Interrupted
 
 __all__ = ["build_parser", "main"]
+
+
+def _warning_line(other: Callable[..., None]) -> Callable[..., None]:
+    """eyas's own warnings (a skipped shard, an incomplete capture) as one `warning:` line on stderr,
+    as every other warning eyas prints; a library's keep Python's form (`other`)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if os.path.abspath(filename).startswith(package + os.sep):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            other(message, category, filename, lineno, file, line)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a usage error (2, already printed by argparse)
         return int(e.code or 0)
     try:
-        with progress_bars(getattr(args, "progress", True)):
+        with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings():
+            warnings.showwarning = _warning_line(warnings.showwarning)
             code = args.func(args)
         sys.stdout.flush()  # a closed pipe fails here, where it is handled, not in the interpreter's exit
         return code
@@ -50,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
+        if getattr(args, "json", False):  # a reader of stdout gets one JSON object on every exit
+            print_json({"error": str(e), "hint": e.hint, "exit_code": 2})
         return 2
     except Interrupted as e:  # SIGINT / SIGTERM in capture or train: what was kept, how to resume
         print(e, file=sys.stderr)

@@ -1,7 +1,6 @@
 """`eyas doctor`: name the wiring fault behind a low acceptance, and its fix (exit 1 when faulty).
 
-eyas.doctor (the measuring harness) is imported inside the verb, so `eyas --help` does not load it;
-its defaults are filled in here, not in the parser, for the same reason.
+eyas.doctor (the measuring harness) is imported inside the verb, so `eyas --help` does not load it.
 """
 
 from __future__ import annotations
@@ -15,13 +14,11 @@ from eyas.cli.output import print_report
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
-    from eyas.doctor import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, diagnose, format_report
+    from eyas.doctor import diagnose, format_report
 
     report = diagnose(drafter_of(args), target=target_of(args, weights=True), prompts=args.prompts,
                       features=args.features, data_format=args.data_format, device=args.device,
                       layer_convention=args.layer_convention,
-                      limit=DEFAULT_LIMIT if args.limit is None else args.limit,
-                      max_new_tokens=DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
-                      progress=args.progress)
+                      limit=args.limit, max_new_tokens=args.max_new_tokens, progress=args.progress)
     print_report(report, args.json, format_report)
     return 0 if report["verdict"] == "ok" else 1

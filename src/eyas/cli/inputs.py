@@ -18,11 +18,12 @@ def target_of(args: argparse.Namespace, *, weights: bool) -> Path | None:
     checked here too: it says where the target runs.
     """
     from eyas.devices import parse_device
-    from eyas.target import DEFAULT_SPECS, resolve_target
+    from eyas.embedded import is_default
+    from eyas.target import resolve_target
 
     if getattr(args, "device", None) is not None:
         parse_device(args.device)  # a device this machine lacks is refused before anything loads
-    if weights and args.target in DEFAULT_SPECS or args.target is None:
+    if weights and is_default(args.target) or args.target is None:
         return None
     return resolve_target(args.target, weights=weights, needed_by=f"eyas {args.command}")
 

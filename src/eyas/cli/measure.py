@@ -71,7 +71,8 @@ def format_eval(rep: dict[str, Any]) -> str:
     lines += _format_intervals(rep)
     if any(math.isnan(t) for t in rep["tau_chain"].values()):
         lines.append("tau is nan where no chain start stays on the target's greedy path long enough: the stored "
-                     "answers are not the target's greedy ones (regenerate them, e.g. eyas capture) or are too short")
+                     "answers are not the target's greedy ones (regenerate them, e.g. eyas capture) or are too short "
+                     f"for --depth {len(rep['acceptance_by_depth'])} (a smaller --depth measures shorter ones)")
     data, cost = rep["data"], rep["cost"]
     if data.get("answers_temperature"):
         lines.append(f"the answers are sampled (temperature {data['answers_temperature']:g}): the greedy numbers above "

@@ -3,12 +3,12 @@ progress and logs on stderr, so stdout stays parseable."""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from eyas.jsonsafe import dumps
 
 
 def log(msg: str) -> None:
@@ -16,20 +16,8 @@ def log(msg: str) -> None:
 
 
 def print_json(obj: dict[str, Any]) -> None:
-    """`obj` as JSON that any parser reads: NaN and infinities (a depth no position reached, a rate of
-    nothing) become null; the bare NaN json.dumps would print is not JSON."""
-    print(json.dumps(json_ready(obj), indent=2, allow_nan=False))
-
-
-def json_ready(value: Any) -> Any:
-    """`value` with every NaN or infinity as None (null), in dicts, lists and tuples at any depth."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_ready(v) for v in value]
-    return value
+    """`obj` as JSON that any parser reads (eyas.jsonsafe: NaN and infinities become null)."""
+    print(dumps(obj, indent=2))
 
 
 def print_report(report: dict[str, Any], as_json: bool, for_people: Callable[[dict[str, Any]], str]) -> None:

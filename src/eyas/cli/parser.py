@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -34,6 +34,10 @@ from eyas.data.answers import ANSWER_ENGINES
 from eyas.dtypes import AUTO, choices
 from eyas.formats import FORMATS, LAYER_CONVENTIONS
 from eyas.train import add_arguments as add_train_arguments
+
+# eyas.doctor's DEFAULT_LIMIT and DEFAULT_MAX_NEW_TOKENS (importing it here would load the harness for
+# `eyas --help`; tests/test_cli_verbs.py holds the two equal)
+DOCTOR_LIMIT, DOCTOR_MAX_NEW_TOKENS = 8, 64
 
 WRITE_FORMATS = (*FORMATS, "both")
 # what --data-format names (eyas.data.caches reads them; listed here so building the parser loads no reader)
@@ -117,9 +121,8 @@ def add_capture_layers(p: argparse.ArgumentParser) -> None:
                    help="capture indices, k = the input of target layer k (default: 2, N//2, N-3)")
 
 
-def add_max_new_tokens(p: argparse.ArgumentParser, default: int | None, what: str) -> None:
-    shown = "" if default is None else f" (default: {default})"
-    p.add_argument("--max-new-tokens", type=int, default=default, metavar="N", help=f"{what}{shown}")
+def add_max_new_tokens(p: argparse.ArgumentParser, default: int, what: str) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=default, metavar="N", help=f"{what} (default: {default})")
 
 
 def add_decoding(p: argparse.ArgumentParser) -> None:
@@ -231,7 +234,8 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("eval", cmd_eval, "measure a draft standalone: per-depth acceptance, chain and tree tau, coverage")
     add_drafter(p)
     p.add_argument("--data", metavar="CACHE",
-                   help="stored features: an eyas capture folder, a SpecForge or speculators cache (detected)")
+                   help="stored features: an eyas capture folder or another trainer's cache (SpecForge, "
+                   "speculators, ModelOpt, ...: see --data-format; detected)")
     add_data_format(p)
     p.add_argument("--prompts", help="a prompt file, or mtbench (default when --data is not given)")
     add_target(p)
@@ -268,7 +272,7 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling when --temperature > 0 (default: 1)")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling when --temperature > 0; 0 = off (default)")
     p.add_argument("--seed", type=int, help="sampling seed (default: unseeded)")
-    add_reading(p, progress=False, what="the answer and its statistics (no streaming)")
+    add_reading(p, progress=True, what="the answer and its statistics (no streaming)")
 
     p = command("bench", cmd_bench, "time HF greedy, HF prompt lookup, eyas target, chain and tree on the same prompts")
     add_drafter(p)
@@ -288,14 +292,14 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--prompts", help="prompts to answer and measure on (default: MT-bench; not with a cache)")
     p.add_argument("--features", metavar="DUMP_OR_CACHE",
                    help="an engine dump (safetensors: input_ids [T], features [T, W]) or a trainer's feature cache "
-                   "(a folder: eyas, SpecForge, speculators, measured on instead of answers), matched against the "
-                   "target's own states")
+                   "(a folder: eyas, SpecForge, speculators, ... as --data-format lists; measured on instead of "
+                   "answers), matched against the target's own states")
     add_data_format(p)
     add_device(p)
-    p.add_argument("--limit", type=int, metavar="N", help="prompts, or a cache's samples, measured (default: "
-                   "eyas.doctor.DEFAULT_LIMIT; up to 4x as many where positions and answers disagree)")
-    add_max_new_tokens(p, None, "answer tokens per prompt, or per cache sample (default: "
-                       "eyas.doctor.DEFAULT_MAX_NEW_TOKENS)")
+    p.add_argument("--limit", type=int, default=DOCTOR_LIMIT, metavar="N",
+                   help=f"prompts, or a cache's samples, measured (default: {DOCTOR_LIMIT}; up to 4x as many where "
+                   "positions and answers disagree)")
+    add_max_new_tokens(p, DOCTOR_MAX_NEW_TOKENS, "answer tokens per prompt, or per cache sample")
     add_reading(p, progress=True)
 
     p = command("serve-check", cmd_serve_check, "serve the draft in a real engine (vLLM, CPU) and compare its "
@@ -319,8 +323,28 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_progress(p)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors in eyas's shape: the verb's own usage line (a flag the verb lacks is
+    reported by the verb's parser, not the top level's), `PROG: error: ...`, a `hint:` line, exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.verbs: dict[str, argparse.ArgumentParser] = {}  # the top level's: each verb's own parser
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.verbs.get(getattr(ns, "command", None), self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\nhint: `{self.prog} --help` lists "
+                     f"{'the verbs' if self.verbs else 'its flags and their values'}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="eyas", description="Read, check, convert, run, train and debug EAGLE-3 draft models, offline.",
         epilog="`python -m eyas VERB ...` is the same; `torchrun --nproc_per_node=N -m eyas train ...` "
         "trains with DDP.",
@@ -336,4 +360,5 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_verbs(command)
     _feature_verbs(command)
     _decoding_verbs(command)
+    parser.verbs = dict(sub.choices)
     return parser

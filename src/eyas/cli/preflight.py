@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,15 +47,24 @@ def sampling(args: argparse.Namespace) -> None:
         raise EyasError(f"--temperature {temperature}: must be a number >= 0", "0 is greedy; e.g. --temperature 0.7")
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise EyasError(f"--top-p {top_p}: must be in (0, 1]", "1 keeps every token; e.g. --top-p 0.9")
+    unused = []
+    if top_p not in (None, 1.0):
+        unused.append(f"--top-p {top_p:g}")
+    if getattr(args, "top_k", 0):
+        unused.append(f"--top-k {args.top_k}")
+    if not temperature and unused:  # greedy: nothing is sampled, so nothing is cut
+        print(f"warning: {' and '.join(unused)} {'do' if len(unused) > 1 else 'does'} nothing at --temperature 0 "
+              "(greedy); pass a temperature to sample", file=sys.stderr)
 
 
 def capture_layers(args: argparse.Namespace) -> None:
-    """--capture-layers is a list of indices >= 0 (whether they fit the target is checked with it)."""
+    """--capture-layers is a strictly increasing list of indices >= 0, as every draft reads them and
+    `eyas train` takes them (whether they fit the target is checked with it)."""
     from eyas.cli.inputs import capture_layers_of
 
     layers = capture_layers_of(getattr(args, "capture_layers", None))
-    if layers is not None and (not layers or min(layers) < 0):
-        raise EyasError(f"--capture-layers {args.capture_layers}: indices must be >= 0",
+    if layers is not None and (not layers or min(layers) < 0 or list(layers) != sorted(set(layers))):
+        raise EyasError(f"--capture-layers {args.capture_layers}: indices must be >= 0 and strictly increasing",
                         "index k is the input of target layer k, e.g. --capture-layers 2,15,27")
 
 
@@ -151,10 +161,11 @@ def dump_file(path: str | Path, target: str | None) -> None:
     """An engine dump read in full: its shapes and numbers, and (with --target) its ids and width
     against that target's config (the embedded default's are checked once it is loaded)."""
     from eyas.data.dumps import read_dump
-    from eyas.target import DEFAULT_SPECS, TargetRef
+    from eyas.embedded import is_default
+    from eyas.target import TargetRef
 
     vocab = hidden = None
-    if target is not None and target not in DEFAULT_SPECS:
+    if not is_default(target):
         ref = TargetRef.resolve(target, weights=False)
         vocab, hidden = ref.vocab_size, ref.hidden_size
     read_dump(existing(path, "--features"), vocab_size=vocab, hidden_size=hidden)
@@ -190,6 +201,8 @@ def output_folder(path: str | Path | None, flag: str) -> None:
     """A folder to write: absent (made later) or a folder, in a place that can be written."""
     if path is None:
         return
+    if str(path) == "":
+        raise EyasError(f"{flag} is an empty path", f"give {flag} a folder path ('.' for this one)")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise EyasError(f"{path} is a file, not a folder ({flag})", f"give {flag} a folder path")
@@ -198,10 +211,29 @@ def output_folder(path: str | Path | None, flag: str) -> None:
     _writable_above(path, flag)
 
 
+def verifier_name(name: str | None) -> None:
+    """`convert --verifier-name`: an id engines can load (vLLM serves the draft's recorded verifier)."""
+    if name is not None and not name.strip():
+        raise EyasError("--verifier-name is empty", "give the target's hub id, e.g. --verifier-name "
+                        "HuggingFaceTB/SmolLM2-135M-Instruct, or leave the flag out to keep the recorded one")
+
+
+def draft_folder(path: str, force: bool, target: str | None) -> None:
+    """A DST a draft is written to: a writable folder apart from the target, new or empty, or a draft
+    that --force replaces."""
+    from eyas.formats.write import check_destination
+
+    output_folder(path, "DST")
+    apart(path, "DST", {"--target": target}, holds=True)
+    check_destination(path, force)
+
+
 def output_file(path: str | Path | None, flag: str) -> None:
     """A file to write (atomically, beside itself): its folder exists and can be written."""
     if path is None:
         return
+    if str(path) == "":
+        raise EyasError(f"{flag} is an empty path", f"give {flag} a file path")
     path = Path(path)
     if path.is_dir():
         raise EyasError(f"{path} is a folder ({flag})", f"give {flag} a file path")
@@ -219,6 +251,19 @@ def _region(path: str | Path) -> Path:
     return path.parent if path.is_file() and find_weights(path.parent) is not None else path
 
 
+def _on_disk(name: str, given: str | Path | None, target: str | Path | None) -> str | Path | None:
+    """Where an input named by default lives: the embedded default target's cache folder, the shipped
+    draft's folder (a DRAFTER or --against left out, or "default"); any other input as given."""
+    from eyas.drafter_loading import shipped_draft
+    from eyas.embedded import EMBEDDED_DIR, EMBEDDED_NAME, cache_dir, is_default
+
+    if name == "--target" and is_default(given):
+        return cache_dir() / EMBEDDED_DIR
+    if name in ("DRAFTER", "--against") and given in (None, "default"):
+        return shipped_draft(EMBEDDED_NAME) if is_default(target) else None
+    return given
+
+
 def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None], *, holds: bool = False) -> None:
     """An output is none of the verb's inputs, nor anything already inside one (a plot over the draft's
     weights, a capture into the target's folder); with `holds` (a folder --force replaces) it holds
@@ -227,7 +272,8 @@ def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None
         return
     o = Path(out).resolve()
     for name, given in inputs.items():
-        if given is None or not Path(given).exists():  # a named prompt set, the default target
+        given = _on_disk(name, given, inputs.get("--target"))
+        if given is None or not Path(given).exists():  # a named prompt set
             continue
         i = _region(given)
         how = ("is" if o == i else "is already inside" if i in o.parents and o.exists()
@@ -321,6 +367,11 @@ def _decoding(a: argparse.Namespace) -> None:
 
 
 def _generate(a: argparse.Namespace) -> None:
+    from eyas.data.prompts import not_unicode
+
+    bad = not_unicode(a.prompt)  # bytes that are not UTF-8 reach argv as lone surrogates
+    if bad is not None:
+        raise EyasError(f"--prompt: {bad}", "pass the prompt as UTF-8 text (or put it in a prompt file)")
     one_decoding(a)
     _decoding(a)
 
@@ -363,10 +414,9 @@ VERBS: dict[str, Callable[[argparse.Namespace], None]] = {
     "bench": _bench,
     "doctor": _doctor,
     "serve-check": _serve_check,
-    "init": lambda a: (capture_layers(a), target(a, weights=True), output_folder(a.dst, "DST"),
-                       apart(a.dst, "DST", {"--target": a.target}, holds=True)),
-    "convert": lambda a: (existing(a.src, "SRC"), output_folder(a.dst, "DST"),
-                          apart(a.dst, "DST", {"--target": a.target}, holds=True)),
+    "init": lambda a: (capture_layers(a), target(a, weights=True), draft_folder(a.dst, a.force, a.target)),
+    "convert": lambda a: (existing(a.src, "SRC"), verifier_name(a.verifier_name),
+                          draft_folder(a.dst, a.force, a.target)),
 }
 
 

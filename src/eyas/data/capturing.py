@@ -138,6 +138,8 @@ def capture(
                 samples = _capture_samples(target, [prompt_ids[i] for i in keep], layers, dtype, batch_size,
                                            sampling, seed_offset=k, on_batch=bar.update, lean=answers == "eyas")
                 bar.update(stop - start - len(keep))
+                for i, sample in zip(keep, samples):
+                    _refuse_non_finite(target, prompts[i], sample)
                 entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
                 shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
                 record_shards(out_dir, manifest, shards, complete=False)
@@ -249,6 +251,15 @@ def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch
                        "chat_template_sha256": text_sha256(json.dumps(target.tokenizer.chat_template, sort_keys=True)),
                        **sampling},
     }
+
+
+def _refuse_non_finite(target: Target, prompt: Prompt, sample: dict[str, torch.Tensor]) -> None:
+    """A shard is written only with finite states: NaN or inf there comes from the target (a damaged
+    weight, an overflow), and every draft trained on it learns nothing."""
+    bad = next((k for k in ("features", "last_hidden") if not bool(torch.isfinite(sample[k]).all())), None)
+    if bad is not None:
+        raise EyasError(f"target {target.name}: its {bad} on {prompt.origin} are not finite (NaN or inf)",
+                        "check the target's weights for NaN/inf, or capture in bf16 or fp32 (fp16 overflows)")
 
 
 def _capture_samples(target: Target, prompt_ids: list[list[int]], layers: list[int], dtype: torch.dtype,

@@ -190,8 +190,12 @@ def _prompts_from_records(records, name: str, source: str, *, strict: bool) -> I
         origin = f"{name} line {line}"
         if isinstance(record, dict) and isinstance(record.get("id"), str):
             origin += f" (id {record['id']})"
-        if text is not None:
+        bad = None if text is None else not_unicode(text)
+        if text is not None and bad is None:
             yield Prompt(text, origin, source)
+        elif strict and bad is not None:
+            raise FormatError(f"{origin}: {bad}", "a \\uD800-\\uDFFF escape must come in a high-low pair: fix the "
+                              "escape or remove this record")
         elif strict:
             found = sorted(record) if isinstance(record, dict) else type(record).__name__
             raise FormatError(
@@ -199,6 +203,16 @@ def _prompts_from_records(records, name: str, source: str, *, strict: bool) -> I
                 "each record needs `conversations` (or `messages`) with a non-empty human/user "
                 "turn, a `prompt` string, or `turns`; fix or remove this record",
             )
+
+
+def not_unicode(text: str) -> str | None:
+    """What makes `text` no Unicode text (a lone surrogate, which JSON's \\uD800 escapes and undecodable
+    command-line bytes produce, and no tokenizer takes), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"character {e.start + 1} ({text[e.start]!r}) is a lone surrogate, not Unicode text"
+    return None
 
 
 def _first_human_turn(record: Any) -> str | None:

@@ -307,8 +307,11 @@ def manifest_problem(m: dict) -> str | None:
     if not isinstance(target, dict) or not isinstance(target.get("name"), str) \
             or not _ints([target.get(k) for k in ("num_layers", "hidden_size", "vocab_size")], 3, low=1):
         return "field 'target' needs name, and num_layers, hidden_size, vocab_size >= 1"
-    if not _ints(m.get("capture_layers")) or not m["capture_layers"]:
-        return f"field 'capture_layers' is {m.get('capture_layers')!r}, expected a list of layer indices"
+    layers = m.get("capture_layers")
+    if not _ints(layers) or not layers or layers != sorted(set(layers)):
+        return f"field 'capture_layers' is {layers!r}, expected a strictly increasing list of layer indices"
+    if not isinstance(m.get("generation", {}), dict):
+        return f"field 'generation' is {m['generation']!r}, expected the answers' settings (an object)"
     if m.get("dtype") not in [str(d).removeprefix("torch.") for d in _SAFETENSORS_DTYPE]:
         return f"field 'dtype' is {m.get('dtype')!r}, expected bfloat16, float16 or float32"
     if not isinstance(prompts, dict) or not _ints([prompts.get("count")]) \
@@ -323,6 +326,10 @@ def manifest_problem(m: dict) -> str | None:
                 or not e["file"].endswith(".safetensors") or not _ints([e.get(k) for k in KEYS], len(KEYS)) \
                 or not _ints(e.get("prompts"), 2):
             return f"shards[{i}] is not an entry eyas wrote ({{{', '.join(('file', 'prompts', *KEYS))}}})"
+    files = [e["file"] for e in shards]
+    again = next((f for i, f in enumerate(files) if f in files[:i]), None)
+    if again is not None:  # its samples would be read twice, and could sit on both sides of a held-out split
+        return f"field 'shards' lists {again} twice"
     if not isinstance(m.get("skipped_prompts"), list):
         return "field 'skipped_prompts' is not a list"
     return None

@@ -150,12 +150,14 @@ def _features(features: str | Path | None, data_format: str | None, ref: TargetR
 
 def _dump(m: Measurer, cap: Capture, feed: CacheFeed | None, dump: tuple[Tensor, Tensor], final: Wiring,
           path: Path, ckpt: Checkpoint) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
-    """The dump matched: a cache's first sample on the search's own measurer (it is that sample), an
-    engine dump on the target's states over its own tokens (one sequence: the wirings were measured
-    on answers, which the positions of one sequence cannot stand for)."""
+    """The dump matched: a cache's first sample on the search's own measurer (it is that sample; the
+    draft then runs on every measured sample's stored features), an engine dump on the target's
+    states over its own tokens (one sequence: the wirings were measured on answers, which the
+    positions of one sequence cannot stand for)."""
     if feed is None:
         return dump_on_tokens(ckpt, cap.target, dump, path, final)
-    return dump_section(m, final, dump[1], path, ckpt)
+    fed = [w["features"].float() for w in feed.windows(0, len(m.cap.samples))]
+    return dump_section(m, final, dump[1], path, ckpt, fed)
 
 
 def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:

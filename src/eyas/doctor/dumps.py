@@ -160,31 +160,43 @@ def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, final: Wir
     return out
 
 
-def _dump_outcome(m: Measurer, final: Wiring, sample: dict[str, Tensor], features: Tensor) -> Outcome | None:
-    """The draft on what the engine fed it: fc skipped when only one hidden-size state came (as SGLang
-    does), None when nothing can run on that width."""
-    W, c = features.shape[1], m.contract
+def _dump_outcome(m: Measurer, final: Wiring, samples: list[dict[str, Tensor]], fed: list[Tensor]
+                  ) -> Outcome | None:
+    """The draft on what the engine fed it (`fed[i]` for `samples[i]`): fc skipped when only one
+    hidden-size state came (as SGLang does), None when nothing can run on that width."""
+    W, c = fed[0].shape[1], m.contract
     if W == len(final.layers) * c.target_hidden_size:
         cls = Drafter
     elif W == c.hidden_size:
         cls = SkipFcDrafter
     else:
         return None
-    return m.run(m.drafter(final, cls), [{**sample, "features": features}], [target_greedy(sample, m.lm_head)])
+    return m.run(m.drafter(final, cls), [{**s, "features": f} for s, f in zip(samples, fed)],
+                 [target_greedy(s, m.lm_head) for s in samples])
 
 
-def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt: Checkpoint
-                 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
-    """The engine dump matched against the target's states: (findings, report section, notes)."""
+def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt: Checkpoint,
+                 fed: list[Tensor] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """The engine dump matched against the target's states: (findings, report section, notes).
+
+    `features` are matched against the first sample's states; the draft's acceptance on what was fed
+    and on correct features is measured over the same samples, all of the measurer's: `fed` holds one
+    tensor per sample (a feature cache's own), or is `[features]` by default (an engine dump, whose
+    measurer holds its one sequence)."""
     sample = m.cap.samples[0]
     matches = match_dump(features, sample, m)
-    on_dump, correct = _dump_outcome(m, final, sample, features), m.measure(final)
+    fed = fed or [features]
+    if len(fed) != len(m.cap.samples):
+        raise ValueError(f"{len(fed)} fed samples for {len(m.cap.samples)} measured")
+    on_dump = _dump_outcome(m, final, m.cap.samples, fed)
+    correct = m.measure(final)
     findings = dump_findings(matches, features.shape[1], m, final, on_dump, correct, ckpt)
     lost = [c for c in matches if not c["identified"]]
     notes = ["dump chunks matching no target state: " + "; ".join(chunk_text(c) for c in lost)
              + " (another target or precision, or tokens not aligned with features)"] if lost else []
     section = {"path": str(path), "positions": int(features.shape[0]), "width": int(features.shape[1]),
-               "chunks": matches, "acceptance_on_dump": None if on_dump is None else on_dump.summary(),
+               "chunks": matches, "samples_measured": len(fed),
+               "acceptance_on_dump": None if on_dump is None else on_dump.summary(),
                "acceptance_on_correct_features": correct.summary()}
     return sorted(findings, key=lambda f: DUMP_ORDER.index(f["fault"])), section, notes
 

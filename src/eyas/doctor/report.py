@@ -33,7 +33,8 @@ def _dump(d: dict[str, Any], cached: bool) -> list[str]:
     lines = ["", f"{what} {d['path']}: {d['positions']} positions x {d['width']}"]
     lines += [f"  {chunk_text(c)}{'' if c['identified'] else ' (no match)'}" for c in d["chunks"]]
     on = d["acceptance_on_dump"]
-    lines.append(f"  draft on the dump: depth-1 {_num(on['acceptance_depth1']) if on else 'cannot run'}; on "
+    fed = f"the cache's features ({d['samples_measured']} samples)" if cached else "the dump"
+    lines.append(f"  draft on {fed}: depth-1 {_num(on['acceptance_depth1']) if on else 'cannot run'}; on "
                  f"correct features: {_num(d['acceptance_on_correct_features']['acceptance_depth1'])}")
     return lines
 
@@ -66,6 +67,10 @@ def format_report(report: dict[str, Any]) -> str:
     what the weights fit, the engine dump, consumer hazards, other problems, notes, and the table."""
     n = len(report["findings"])
     head = "OK: no fault found" if report["verdict"] == "ok" else f"FAULTY: {n} finding{'s' * (n != 1)}"
+    chunks = (report["dump"] or {}).get("chunks") or []
+    if chunks and not any(c["identified"] for c in chunks):  # the verdict then says nothing about what was fed
+        head += ("; the dump matches none of the target's states at its tokens (another target or precision, or "
+                 "tokens not aligned with features): what the engine fed is unjudged")
     lines = [f"eyas doctor {report['drafter']}: {head}", f"target: {report['target']}"]
     m = report["measured"]
     if m:

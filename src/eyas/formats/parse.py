@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from eyas.activations import ACTIVATIONS
 from eyas.contract import IDS, default_capture_layers
 from eyas.errors import FormatError
 from eyas.formats.layer import DraftLayer, draft_layer
@@ -41,8 +42,11 @@ def load_json(path: Path) -> dict[str, Any]:
     try:
         content = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
+        weights = path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf")
         raise FormatError(
-            f"{path}: cannot read the file ({e})", "check the path and that it is a text JSON file"
+            f"{path}: cannot read the file ({e})",
+            f"pass the draft's folder ({path.parent}), not its weight file" if weights else
+            "check the path and that it is a text JSON file",
         ) from None
     if not content.strip():
         raise FormatError(f"{path}: the file is empty, expected a JSON object", "export the config again")
@@ -87,7 +91,9 @@ def _read_dims(p: Parsed, src: dict, where: str) -> None:
     p.read(src, "num_hidden_layers", layer_count, where=where, default=1)
     p.read(src, "rms_norm_eps", positive, where=where, default=1e-6)
     p.read(src, "max_position_embeddings", size, where=where, default=2048)
-    p.read(src, "hidden_act", text, where=where, default="silu")
+    act = p.read(src, "hidden_act", text, where=where, default="silu")
+    if act not in ACTIVATIONS:
+        p.unrunnable.append(f"hidden_act {act!r} (the drafter runs {', '.join(ACTIVATIONS)})")
     p.read(src, "attention_bias", flag, where=where, default=False)
     read_rope(p, src, where)
     _read_multipliers(p, src, where)

@@ -19,6 +19,10 @@ from eyas.formats.values import refuse, rope_base, rope_dict, show
 from eyas.rope import ROPE_TYPES, alpha_base
 
 
+# what each rope kind cannot be built without (transformers, vLLM and the drafter all fail on it)
+_NEEDS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
+
+
 def read_rope(p: Parsed, src: dict, where: str) -> None:
     """rope_theta / rope_scaling (transformers 4) or rope_parameters (transformers 5); None when absent."""
     params = src.get("rope_parameters")
@@ -66,6 +70,9 @@ def _runnable(p: Parsed, used: dict, where: str) -> None:
         p.unrunnable.append(f"multimodal rope (rope type {kind!r}, mrope_section {show(used.get('mrope_section'))})")
     elif kind not in ROPE_TYPES:
         p.unrunnable.append(f"rope type {kind!r} (the drafter turns {', '.join(ROPE_TYPES)})")
+    elif missing := [k for k in _NEEDS.get(kind, ()) if used.get(k) is None]:
+        raise refuse(p.file, f"{where}rope_scaling.{missing[0]}", None,
+                     f"a number: rope type {kind!r} needs {', '.join(_NEEDS[kind])} (copy them from the target's config)")
     elif kind == "dynamic" and used.get("alpha") is not None:
         _alpha(p, float(used["alpha"]), where)
 

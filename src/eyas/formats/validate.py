@@ -148,8 +148,9 @@ def _unexpected(name: str) -> dict[str, str]:
 def _wrong_shape(c: DraftContract, name: str, t: torch.Tensor, shape: tuple[int, ...]) -> dict[str, str]:
     """A misshapen tensor, explained by the config field that most likely disagrees with it."""
     got, want, ht = _shape(t.shape), _shape(shape), c.target_hidden_size
-    same_rows = t.ndim == 2 and t.shape[0] == shape[0]
-    same_cols = t.ndim == 2 and t.shape[1] == shape[1]
+    matrix = t.ndim == len(shape) == 2  # a vector stored as [1, H] (or a matrix as a vector) is only misshapen
+    same_rows = matrix and t.shape[0] == shape[0]
+    same_cols = matrix and t.shape[1] == shape[1]
     if name == "fc.weight" and same_rows and t.shape[1] % ht == 0:
         a = t.shape[1] // ht
         ids = (

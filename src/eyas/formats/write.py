@@ -8,6 +8,7 @@ a replaced folder is restored.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import torch
@@ -17,16 +18,40 @@ from eyas.contract import DraftContract
 from eyas.errors import ContractError, FormatError
 from eyas.formats.emit import eagle_config, speculators_config, verifier_config_of
 from eyas.formats.read import Checkpoint, read_checkpoint
-from eyas.formats.schema import FORMATS
+from eyas.formats.schema import CONFIG_NAMES, FORMATS, detect_format
 from eyas.formats.validate import tensor_problems
 from eyas.weights import dtype_name, from_canonical, write_tensors
 
 
-def _check_destination(dst: Path, force: bool) -> None:
+def check_destination(dst: str | Path, force: bool) -> None:
+    """DST is new, empty, or (with `force`) a draft folder: --force replaces a draft, never a folder
+    that holds anything else (a model, captures, the current directory)."""
+    dst = Path(dst)
     if dst.exists() and not dst.is_dir():
         raise FormatError(f"{dst}: exists and is not a folder", "choose a folder path for DST")
-    if dst.is_dir() and any(dst.iterdir()) and not force:
-        raise FormatError(f"{dst}: folder is not empty", "choose an empty or new DST, or pass --force to replace it")
+    if dst.is_dir() and any(dst.iterdir()):
+        if not force:
+            raise FormatError(f"{dst}: folder is not empty", "choose an empty or new DST, or pass --force to replace it")
+        why = _not_a_draft(dst)
+        if why is not None:
+            raise FormatError(f"{dst}: --force replaces only a draft folder, and this one {why}",
+                              "choose a new DST (or empty this one yourself)")
+
+
+def _not_a_draft(folder: Path) -> str | None:
+    """Why `folder` is not a draft folder that --force may replace; None when it is one (a draft
+    config and no subfolders: a model's, a capture's or a repository's folder has more)."""
+    inner = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    if inner:
+        return f"holds folders ({', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''})"
+    for name in CONFIG_NAMES:
+        try:
+            cfg = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(cfg, dict) and detect_format(cfg) is not None:
+            return None
+    return "holds no EAGLE-3 draft config"
 
 
 def _write(
@@ -35,7 +60,7 @@ def _write(
     if fmt not in (*FORMATS, "both"):
         raise ValueError(f"fmt must be speculators, eagle or both, got {fmt!r}")
     dst = Path(dst).absolute()
-    _check_destination(dst, force)
+    check_destination(dst, force)
     problems = tensor_problems(contract, tensors)
     if problems:
         raise ContractError(problems[0]["problem"], problems[0]["fix"])

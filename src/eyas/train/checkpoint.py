@@ -21,6 +21,7 @@ import torch
 from eyas.atomic import make_folders, remove_empty, write_atomic, write_text
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
+from eyas.jsonsafe import dumps
 from eyas.target import target_name
 from eyas.train.config import TrainConfig, data_folders
 from eyas.train.heldout import EVAL_DEPTH
@@ -152,7 +153,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def append_log(log: Path, record: dict[str, Any]) -> None:
     with open(log, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(dumps(record) + "\n")  # an interval from one held-out sample is NaN: null
 
 
 def read_log(log: Path) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ import torch
 
 from eyas.dtypes import choices, to_dtype
 from eyas.errors import EyasError
+from eyas.formats.schema import LAYER_CONVENTIONS
 
 TRAIN_DTYPES = (torch.bfloat16, torch.float32)  # autocast of the forward, and the exported weights
 DTYPE_CHOICES = choices(TRAIN_DTYPES)
@@ -45,6 +46,9 @@ class TrainConfig:
                                    "its weights and vocab map are kept; data, optimiser and schedule are new. It must "
                                    "fit the target and the data's capture layers. Not with --resume",
                              metavar="DRAFT")
+    layer_convention: str | None = _knob(None, "with --init: how to read its nested eagle_config layer ids: input = "
+                                               "capture indices, output = output of layer i (+1); default: as current "
+                                               "SGLang (+1 only when the first id is 1)", choices=LAYER_CONVENTIONS)
     draft_vocab: int | None = _knob(None, "draft vocab size: the most frequent answer tokens "
                                           "(default: the target's full vocab, no d2t/t2d)", metavar="N")
     ttt_steps: int = _knob(7, "draft steps unrolled per position in training-time test (as EAGLE and SpecForge); "
@@ -145,6 +149,8 @@ def check_config(c: TrainConfig) -> None:
         bad.append(f"dtype={c.dtype!r}, export_dtype={c.export_dtype!r} (each bf16 or fp32)")
     if c.init and c.resume:
         bad.append(f"init={c.init!r} with resume (a resumed run continues from its checkpoint; pass one of them)")
+    if c.layer_convention and not c.init:
+        bad.append(f"layer_convention={c.layer_convention!r} without init (it says how to read --init's layer ids)")
     if bad:
         raise EyasError("invalid training settings: " + "; ".join(bad), "fix the flags named above")
 

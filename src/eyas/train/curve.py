@@ -76,7 +76,7 @@ def plot_heldout(curves: list[Curve], png: Path, *, title: str = "held-out greed
     for i, c in enumerate(curves):
         color = f"C{i}"
         ax.plot(c.hours, c.tau, marker="o", ms=3, color=color, label=f"{c.label}: tau (k={EVAL_DEPTH})")
-        shown = [(h, ci) for h, ci in zip(c.hours, c.tau_ci95) if ci]
+        shown = [(h, ci) for h, ci in zip(c.hours, c.tau_ci95) if ci and None not in ci]  # null: one sample
         if shown:  # how far tau would move on another held-out set: what runs with different sets differ by
             ax.fill_between([h for h, _ in shown], [ci[0] for _, ci in shown], [ci[1] for _, ci in shown],
                             color=color, alpha=0.15, lw=0, label=f"{c.label}: tau's 95% interval")

@@ -38,12 +38,25 @@ def load_training_data(config: TrainConfig, *, expect_capture_layers: list[int] 
     evaluation prompts, or (`expect_capture_layers`, when resuming) at other layers than the draft's."""
     captures = [open_shards(f, for_training=True, expect_target=target_name(config.target),
                             expect_capture_layers=expect_capture_layers) for f in data_folders(config)]
+    refuse_repeats(captures)
     capture_layers = same_capture_layers(captures)
     samples = [s for data in captures for s in load_samples(data, config.max_len)]
     data_id = {"fingerprint": ",".join(data.manifest["fingerprint"] for data in captures), "samples": len(samples)}
     train_idx, heldout_idx = split(len(samples), config.eval_fraction, config.seed)
     return TrainingData(capture_layers, [shift_for_draft(samples[i]) for i in train_idx],
                         [samples[i] for i in heldout_idx], data_id)
+
+
+def refuse_repeats(captures: list[CapturedData]) -> None:
+    """Each capture once: one passed twice (or a copy of it: the same fingerprint) would train its
+    samples twice and could put a copy of a held-out sample in the training set."""
+    seen: dict[str, CapturedData] = {}
+    for data in captures:
+        first = seen.setdefault(data.manifest["fingerprint"], data)
+        if first is not data:
+            same = "is given twice" if first.folder == data.folder else f"holds the same capture as {first.folder}"
+            raise EyasError(f"--data {data.folder} {same} (fingerprint {data.manifest['fingerprint']})",
+                            "pass each capture once")
 
 
 def same_capture_layers(captures: list[CapturedData]) -> list[int]:

@@ -69,7 +69,7 @@ def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
                train_set: list[dict[str, Tensor]]) -> TrainDraft:
     """The draft in `config.init`, every weight and its vocab map kept, checked to fit the target
     and the data first (a ContractError names the first field that does not)."""
-    ckpt = read_checkpoint(config.init, verifier_config=tcfg)
+    ckpt = read_checkpoint(config.init, verifier_config=tcfg, layer_convention=config.layer_convention)
     base = contract_for_target(tcfg, capture_layers=tuple(capture_layers), name=target_name(config.target))
     contract = _init_contract(ckpt.contract, base, config)
     check_fits(contract, tcfg)

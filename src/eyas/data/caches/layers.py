@@ -76,8 +76,9 @@ def resolve_layers(conv: Convention, slots: int, where: object, *, recorded: Seq
     capture = to_capture(conv, conv.default(num_layers))
     if len(capture) != slots:
         return Layers(None, False, f"unknown: the cache stores {slots} layers per position, {conv.owner} "
-                                   f"default {conv.default_text} is {len(capture)}; {not_recorded}: pass the "
-                                   "ids the cache was taken with")
+                                   f"default {conv.default_text} is {len(capture)}; {not_recorded}: eval reads its "
+                                   "slots as the draft's capture layers, the doctor with the full target names the "
+                                   "layers they hold (the library's open_cache takes layer_ids)")
     return Layers(capture, False, f"{stored_text(conv, capture)} (assumed: {conv.owner} default for a "
                                   f"{num_layers}-layer target; {not_recorded}: {conv.chosen_by})")
 
