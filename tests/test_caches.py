@@ -276,3 +276,16 @@ def test_specforge_ids_must_be_integers(target, rows, tmp_path):
         list(open_cache(tmp_path / "sf", num_layers=N))
     one_line(e, str(path), "input_ids", "integer token ids")
     json.dumps(open_cache(tmp_path / "sf").info.layers_note)  # notes are plain text for reports
+
+
+def test_a_folder_named_like_a_specforge_sample_is_not_skipped_silently(tmp_path):
+    """os.walk lists it among folders: SpecForge's own glob would take it, and reading it must fail
+    naming it rather than the cache quietly holding one sample fewer."""
+    from eyas.data.caches.pickles import load_record
+    from eyas.data.caches.specforge import list_files
+
+    rows = tmp_path / "rows_0-2000"
+    (rows / "data_0.ckpt").mkdir(parents=True)
+    assert list_files(tmp_path) == [rows / "data_0.ckpt"]
+    with pytest.raises(FormatError, match=r"data_0.ckpt: not a readable torch.save file \(IsADirectoryError"):
+        load_record(rows / "data_0.ckpt", "specforge")

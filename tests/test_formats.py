@@ -786,3 +786,14 @@ def test_a_training_config_with_target_vocab_size_is_refused_with_the_renaming(t
     with pytest.raises(FormatError) as e:
         read_checkpoint(path)
     assert "vocab_size = its target_vocab_size and draft_vocab_size = its vocab_size" in e.value.hint
+
+
+def test_a_config_that_is_there_but_no_file_says_what_it_is(tmp_path):
+    (tmp_path / "a" / "config.json").mkdir(parents=True)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").symlink_to("nowhere")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.json").symlink_to("config.json")
+    for name, what in (("a", "a folder"), ("b", "a link to nothing"), ("c", "a link that loops")):
+        with pytest.raises(FormatError, match=re.escape(f"config.json: is there but is not a readable file ({what})")):
+            read_checkpoint(tmp_path / name)

@@ -169,6 +169,8 @@ def test_parse_device():
         parse_device("gpu0")
     with pytest.raises(EyasError, match="cpu or cuda"):
         parse_device("meta")
+    with pytest.raises(EyasError, match="--device is empty"):  # not read as the default
+        parse_device(" ")
 
 
 def test_a_target_too_large_for_memory_is_refused_before_loading(sharded, monkeypatch):

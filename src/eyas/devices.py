@@ -24,6 +24,8 @@ def parse_device(spec: str | torch.device | None) -> torch.device:
     """`cpu`, `cuda`, `cuda:N` (None: cpu) as a torch.device that exists on this machine."""
     if isinstance(spec, torch.device):
         spec = str(spec)
+    if spec is not None and not spec.strip():
+        raise EyasError("--device is empty", "use cpu, cuda or cuda:N (or leave the flag out: cpu)")
     text = (spec or "cpu").strip().lower()
     try:
         device = torch.device(text)

@@ -57,12 +57,28 @@ def config_paths(path: Path) -> dict[str, Path]:
     if not path.is_dir():
         raise FormatError(f"{path}: no such file or folder", "pass a draft folder or a draft config .json file")
     found = {n: path / n for n in CONFIG_NAMES if (path / n).is_file()}
+    there = [path / n for n in CONFIG_NAMES if (path / n).is_symlink() or (path / n).exists()]
+    if not found and there:  # a folder so named, or a link to nothing (or to itself)
+        raise FormatError(f"{there[0]}: is there but is not a readable file ({_what(there[0])})",
+                          "replace it with the draft's config JSON file")
     if not found:
         raise FormatError(
             f"{path}: no config file (looked for {', '.join(CONFIG_NAMES)})",
             "a draft folder needs its config.json next to the weights",
         )
     return found
+
+
+def _what(path: Path) -> str:
+    if path.is_dir():
+        return "a folder"
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11 raises this on a loop; 3.13 an OSError
+        return "a link that loops"
+    except OSError as e:
+        return "a link that loops" if "loop" in str(e).lower() else "a link to nothing"
+    return "not a regular file"
 
 
 def choose_config(files: dict[str, str]) -> tuple[str, str]:

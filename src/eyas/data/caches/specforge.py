@@ -56,8 +56,8 @@ def list_files(folder: Path) -> list[Path]:
     """Every `*.ckpt` / `*.ckpt.gz` below `folder`, sorted as strings (SpecForge's order, not numeric)."""
     if folder.is_file():
         return [folder]
-    found = [os.path.join(root, name) for root, _dirs, names in os.walk(folder) for name in names
-             if name.endswith(SUFFIXES)]
+    found = [os.path.join(root, name) for root, dirs, names in os.walk(folder) for name in (*names, *dirs)
+             if name.endswith(SUFFIXES)]  # a folder so named is listed too: reading it fails naming it
     return [Path(p) for p in sorted(found)]
 
 
