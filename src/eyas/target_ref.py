@@ -8,8 +8,9 @@ lets `eyas eval --data` judge a 671B target's draft from the target's final norm
 alone (`TargetRef.head`), reading two tensors from the one or two shards the index names for them.
 
 Naming a target: nothing, "default", "smollm2" or the embedded default's cached folder itself is the
-embedded default (`eyas.embedded.is_default`); a folder with config.json is that folder; the folder's `config.json` stands for the folder; with
-`weights=False` (the verbs that only compare configs) a lone config file under any name is enough.
+embedded default (`eyas.embedded.is_default`); a folder with config.json is that folder; the folder's
+`config.json` stands for the folder; with `weights=False` (the verbs that only compare configs) a lone
+config file under any name is enough.
 """
 
 from __future__ import annotations

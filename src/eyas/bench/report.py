@@ -76,8 +76,8 @@ def format_bench(report: dict) -> str:
         f"CPU: {env.get('cpu_class', '?')} ({env['cpu']}, {env['cpus']} CPUs)",
         (f"speedup: pooled tokens/s over hf_greedy's, and its 95% interval over resampled prompts{few}; per "
          "prompt: median [quartiles] of the prompts' ratios; cpu: the same pooled ratio in tokens per CPU second"),
-        (f"{'method':<{w}} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'95%':>11} {'per prompt':>18} {'cpu':>6} {'tau':>5} "
-         f"{'identical':>9}  {'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
+        (f"{'method':<{w}} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'95%':>11} {'per prompt':>18} {'cpu':>6} "
+         f"{'tau':>5} {'identical':>9}  {'prefill':>7} {'draft':>6} {'verify':>6} {'other':>6}"),
     ]
     for name, m in report["methods"].items():
         split, p = m["time_split"] or {}, m["per_prompt_speedup"]

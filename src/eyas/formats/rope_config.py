@@ -72,7 +72,8 @@ def _runnable(p: Parsed, used: dict, where: str) -> None:
         p.unrunnable.append(f"rope type {kind!r} (the drafter turns {', '.join(ROPE_TYPES)})")
     elif missing := [k for k in _NEEDS.get(kind, ()) if used.get(k) is None]:
         raise refuse(p.file, f"{where}rope_scaling.{missing[0]}", None,
-                     f"a number: rope type {kind!r} needs {', '.join(_NEEDS[kind])} (copy them from the target's config)")
+                     f"a number: rope type {kind!r} needs {', '.join(_NEEDS[kind])} (copy them from the target's "
+                     "config)")
     elif kind == "dynamic" and used.get("alpha") is not None:
         _alpha(p, float(used["alpha"]), where)
 

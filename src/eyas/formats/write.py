@@ -31,7 +31,8 @@ def check_destination(dst: str | Path, force: bool) -> None:
         raise FormatError(f"{dst}: exists and is not a folder", "choose a folder path for DST")
     if dst.is_dir() and any(dst.iterdir()):
         if not force:
-            raise FormatError(f"{dst}: folder is not empty", "choose an empty or new DST, or pass --force to replace it")
+            raise FormatError(f"{dst}: folder is not empty",
+                              "choose an empty or new DST, or pass --force to replace it")
         why = _not_a_draft(dst)
         if why is not None:
             raise FormatError(f"{dst}: --force replaces only a draft folder, and this one {why}",
