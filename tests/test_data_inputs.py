@@ -89,8 +89,10 @@ def test_a_device_or_a_pipe_is_not_read_as_data(made, tmp_path, capsys):
     ("FOLDER", "is a folder, not a file"),
     ("/dev/null", "is not a regular file"),
     ("FOLDER/missing.txt", "does not exist"),
+    ("FOLDER/loop.txt", r"is a link to nothing \(or to itself\)"),
 ])
 def test_a_prompt_path_that_is_not_a_file_says_what_it_is(tmp_path, source, says):
+    (tmp_path / "loop.txt").symlink_to("loop.txt")
     source = source.replace("FOLDER", str(tmp_path))
     for read in (read_prompts, check_prompts):
         with pytest.raises(FormatError, match=says) as e:

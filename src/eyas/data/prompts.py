@@ -120,6 +120,8 @@ def _prompt_file(source: str | Path) -> Path:
         problem = "the prompt file is an empty path"
     elif path.is_file():
         return path
+    elif path.is_symlink() and not path.exists():
+        problem = f"prompt file {path} is a link to nothing (or to itself)"
     elif not path.exists():
         problem = f"prompt file {path} does not exist"
     elif path.is_dir():
