@@ -75,7 +75,6 @@ ATTENTION: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
 }
 
 
-
 def _check_implemented(c: DraftContract, attention: str) -> None:
     """The contract asks for what this model implements (rope types are checked in eyas.rope)."""
     assert attention in ATTENTION, f"attention must be one of {sorted(ATTENTION)}"

@@ -13,10 +13,9 @@
 Every command prints one JSON object on stdout under `--json` (logs go to stderr) and exits 0 (ok),
 1 (`check` found problems, `doctor` found a fault) or 2 (the input cannot be used: one `error:` and
 one `hint:` line, and under `--json` `{"error", "hint", "exit_code"}` on stdout; `EYAS_DEBUG=1`
-shows the traceback instead); SIGINT / SIGTERM during capture or
-train exit 130 / 143 with one `interrupted by ...` line (eyas.interrupt); a reader of stdout that
-leaves early (`| head`) ends it quietly with 141, as SIGPIPE ends `cat`. `python -m eyas` is the
-same command.
+shows the traceback instead); SIGINT / SIGTERM during capture or train exit 130 / 143 with one
+`interrupted by ...` line (eyas.interrupt); a reader of stdout that leaves early (`| head`) ends it
+quietly with 141, as SIGPIPE ends `cat`. `python -m eyas` is the same command.
 """
 
 from __future__ import annotations

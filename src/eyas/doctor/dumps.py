@@ -24,7 +24,6 @@ from eyas.doctor.stats import Outcome, rounded
 from eyas.doctor.wiring import Wiring
 from eyas.drafter import Drafter
 from eyas.errors import FormatError
-from eyas.evaluate import target_greedy
 from eyas.formats import Checkpoint
 from eyas.target import Target
 from eyas.target_ref import TargetRef
@@ -160,10 +159,10 @@ def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, final: Wir
     return out
 
 
-def _dump_outcome(m: Measurer, final: Wiring, samples: list[dict[str, Tensor]], fed: list[Tensor]
-                  ) -> Outcome | None:
-    """The draft on what the engine fed it (`fed[i]` for `samples[i]`): fc skipped when only one
-    hidden-size state came (as SGLang does), None when nothing can run on that width."""
+def _dump_outcome(m: Measurer, final: Wiring, fed: list[Tensor]) -> Outcome | None:
+    """The draft on what the engine fed it (`fed[i]` for the measurer's sample i, against its greedy
+    tokens, computed once): fc skipped when only one hidden-size state came (as SGLang does), None
+    when nothing can run on that width."""
     W, c = fed[0].shape[1], m.contract
     if W == len(final.layers) * c.target_hidden_size:
         cls = Drafter
@@ -171,8 +170,8 @@ def _dump_outcome(m: Measurer, final: Wiring, samples: list[dict[str, Tensor]], 
         cls = SkipFcDrafter
     else:
         return None
-    return m.run(m.drafter(final, cls), [{**s, "features": f} for s, f in zip(samples, fed)],
-                 [target_greedy(s, m.lm_head) for s in samples])
+    samples = [{**s, "features": f} for s, f in zip(m.cap.samples, fed, strict=True)]
+    return m.run(m.drafter(final, cls), samples, m.greedy)
 
 
 def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt: Checkpoint,
@@ -186,10 +185,7 @@ def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt:
     sample = m.cap.samples[0]
     matches = match_dump(features, sample, m)
     fed = fed or [features]
-    if len(fed) != len(m.cap.samples):
-        raise ValueError(f"{len(fed)} fed samples for {len(m.cap.samples)} measured")
-    on_dump = _dump_outcome(m, final, m.cap.samples, fed)
-    correct = m.measure(final)
+    on_dump, correct = _dump_outcome(m, final, fed), m.measure(final)
     findings = dump_findings(matches, features.shape[1], m, final, on_dump, correct, ckpt)
     lost = [c for c in matches if not c["identified"]]
     notes = ["dump chunks matching no target state: " + "; ".join(chunk_text(c) for c in lost)
