@@ -185,12 +185,12 @@ def write_modelopt(model, rows: Sequence[Row], out: Path, *, prenorm: bool = Fal
 
 def write_eyas_shards(target, rows: Sequence[Row], out: Path, layers: Sequence[int]) -> None:
     """One shard, written with eyas.data.shards' own functions, as `eyas capture` does."""
-    plan = {"format": "eyas-capture", "format_version": 1,
+    plan = {"format": "eyas-capture", "format_version": 2,
             "target": {"name": target.name, "num_layers": target.num_layers, "hidden_size": target.hidden_size,
                        "vocab_size": target.vocab_size},
             "capture_layers": list(layers), "dtype": "float32", "shard_size": len(rows),
             "prompts": {"count": len(rows), "sha256": "0" * 64, "sources": ["test"], "eval_only": False},
-            "generation": {"max_new_tokens": 8, "do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": 0}}
+            "generation": {"max_new_tokens": 8, "do_sample": False, "temperature": 0.0}}
     manifest = start_manifest(out, plan, [])
     samples = []
     for ids, mask in rows:

@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 import eyas.bench.sweep as sweep_module
 from eyas import bench
 from eyas.bench import METHODS, format_bench, run_bench
+from eyas.bench.run import TO_MEASURE
 from eyas import dtype_choice
 from eyas.bench.timing import Run, spread, summary
 from eyas.contract import Verifier
@@ -137,7 +138,8 @@ def test_run_bench_all_methods(saved, tmp_path):
     assert len(chain["acceptance_by_depth"]) == max(rep["shapes"]["eyas_chain"]["draft_tokens"], NGRAM_TOKENS)
     assert sum(chain["time_split"].values()) == pytest.approx(1.0)
     assert rep["shapes"]["source"] == {"eyas_chain": "default", "eyas_tree": "default"}
-    assert rep["shapes"]["generate"] == {"shape": {"draft_tokens": 4}, "source": "default"}
+    assert rep["shapes"]["generate"] == {"shape": None, "source": TO_MEASURE}  # generate would time shapes first
+    assert f"eyas generate decodes with a measured shape: {TO_MEASURE}" in format_bench(rep)
     # per-prompt ratios to hf_greedy (run back to back): hf_greedy's own are all 1
     assert rep["methods"]["hf_greedy"]["per_prompt_speedup"] == {"median": 1.0, "q25": 1.0, "q75": 1.0}
     assert rep["methods"]["hf_greedy"]["speedup_ci95"] == pytest.approx([1.0, 1.0])

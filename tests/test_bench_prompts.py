@@ -37,6 +37,9 @@ def test_limit_spreads_over_categories(tmp_path):
         ("empty.jsonl", "", "empty.jsonl: no prompts found"),
         ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "bad.jsonl line 2: not valid JSON"),
         ("noprompt.jsonl", '{"category": "x"}\n', "noprompt.jsonl line 1: no usable prompt"),
+        ("category.jsonl", '{"prompt": "ok"}\n{"prompt": "ok", "category": 5}\n',
+         "category.jsonl line 2: field 'category' is 5, expected text"),
+        ("category.json", '[{"prompt": "ok", "category": {"a": 1}}]', "category.json line 1: field 'category' is"),
     ],
 )
 def test_bad_prompt_files_are_named_before_any_model_loads(tmp_path, monkeypatch, name, text, message):

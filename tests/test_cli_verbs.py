@@ -250,6 +250,10 @@ def test_json_readers_get_the_error_as_json_too(tmp_path, capsys):
     assert code == 2 and err.startswith("error: ")
     assert json.loads(out) == {"error": f"{tmp_path / 'nowhere'}: no such file or folder",
                                "hint": "pass a draft folder or a draft config .json file", "exit_code": 2}
+    code, out, err = run(capsys, "generate", "--json", "--prompt", "x", "--draft-tokens", "abc")  # argparse's own
+    assert code == 2 and "eyas generate: error: argument --draft-tokens: invalid int value: 'abc'" in err
+    assert json.loads(out) == {"error": "eyas generate: argument --draft-tokens: invalid int value: 'abc'",
+                               "hint": "`eyas generate --help` lists its flags and their values", "exit_code": 2}
 
 
 def test_a_flag_the_verb_lacks_is_refused_by_the_verb(capsys):

@@ -230,12 +230,14 @@ def templated(target, text: str) -> list[int]:
 
 def test_capture_manifest_and_shards(target, captured):
     m = json.loads((captured / "manifest.json").read_text())
-    assert m["format"] == "eyas-capture" and m["format_version"] == 1 and m["complete"]
+    assert m["format"] == "eyas-capture" and m["format_version"] == 2 and m["complete"]
     assert m["target"] == {"name": target.name, "num_layers": 4, "hidden_size": 32, "vocab_size": 48}
     assert m["capture_layers"] == LAYERS and m["dtype"] == "float32"
     assert [s["file"] for s in m["shards"]] == [f"shard_0000{k}.safetensors" for k in range(3)]
     assert m["num_samples"] == 5 and m["prompts"]["count"] == 5 and not m["prompts"]["eval_only"]
-    assert m["generation"]["do_sample"] is False and m["generation"]["max_new_tokens"] == 6
+    assert m["generation"]["max_new_tokens"] == 6
+    assert {k: m["generation"].get(k) for k in ("do_sample", "temperature", "top_p", "seed")} \
+        == {"do_sample": False, "temperature": 0.0, "top_p": None, "seed": None}  # greedy: nothing else read
     d = open_shards(captured, expect_capture_layers=LAYERS, expect_target=target)
     samples = list(d)
     assert len(d) == len(samples) == 5 and d.skipped == []
@@ -459,6 +461,27 @@ def test_unrecorded_finished_shard_is_adopted(tmp_path, target, monkeypatch):
     write(out / "manifest.json", json.dumps(m))
     monkeypatch.setattr(capturing, "_capture_samples", lambda *a, **kw: pytest.fail("recomputed a finished shard"))
     assert run_capture(target, out)["num_samples"] == 5
+
+
+def test_version_1_capture_reads_and_resumes(tmp_path, target, monkeypatch):
+    """Version 1 recorded a greedy capture's unused sampling settings (temperature 1.0, top_p, top_k,
+    seed): such a folder still reads, and an interrupted one resumes, keeping its fingerprint."""
+    out = tmp_path / "out"
+    run_capture(target, out)
+    m = json.loads((out / "manifest.json").read_text())
+    write(out / "manifest.json", json.dumps({
+        **m, "format_version": 1, "shards": m["shards"][:1], "complete": False,
+        "generation": {**m["generation"], "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0}}))
+    with pytest.warns(UserWarning, match="incomplete"):
+        assert len(open_shards(out)) == 2
+    (out / "shard_00002.safetensors").unlink()
+    real, calls = capturing._capture_samples, []
+    monkeypatch.setattr(capturing, "_capture_samples",
+                        lambda *a, **kw: calls.append(kw["seed_offset"]) or real(*a, **kw))
+    resumed = run_capture(target, out)
+    assert calls == [2] and resumed["complete"] and resumed["num_samples"] == 5  # shard 1 adopted, 2 redone
+    assert resumed["format_version"] == 2 and resumed["fingerprint"] == m["fingerprint"]
+    assert resumed["generation"] == m["generation"]
 
 
 def test_resume_refuses_a_different_capture(tmp_path, target):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,12 @@ def test_max_length_caps_the_context_and_the_error_names_what_set_the_limit(made
     folder = made[0]
     with pytest.raises(EyasError, match=r"it needs \d+ > 64, the context of ") as e:  # not raised to 1000
         run_capture(folder, tmp_path / "a", PROMPTS[:1], max_new_tokens=60, max_length=1000)
-    assert e.value.hint == "shorten or remove it, lower --max-new-tokens, or drop such prompts (capture: --skip-long)"
+    room = 64 - int(str(e.value).split(" is ")[1].split()[0])  # the context less the templated prompt
+    assert e.value.hint == f"lower --max-new-tokens to {room} or less"  # one prompt: nothing to drop
+    with pytest.raises(EyasError) as e:
+        run_capture(folder, tmp_path / "a", PROMPTS[:2], max_new_tokens=64)
+    assert re.fullmatch(r"shorten or remove it, lower --max-new-tokens to \d+ or less, or drop such prompts "
+                        r"\(capture: --skip-long\)", e.value.hint)
     with pytest.raises(EyasError, match=r"it needs \d+ > 10, the --max-length given"):
         run_capture(folder, tmp_path / "a", PROMPTS[:1], max_new_tokens=4, max_length=10)
     assert not (tmp_path / "a").exists()
@@ -202,6 +208,9 @@ def test_a_lone_surrogate_is_refused_naming_the_line_and_skipped_in_a_corpus(mad
     assert "surrogate.jsonl line 2: character 1 ('\\ud800') is a lone surrogate" in error_line(capsys)
     assert main(["generate", "--prompt", "caf\udce9", "--target", str(target), str(draft)]) == 2
     assert error_line(capsys).startswith("error: --prompt: character 4")
+    for blank in ("", " \n"):  # as a blank record in a prompt file
+        assert main(["generate", "--prompt", blank, "--target", str(target), str(draft)]) == 2
+        assert error_line(capsys) == "error: --prompt is empty"
     records = [(1, {"prompt": "fine"}), (2, {"prompt": "\ud800"})]
     assert [p.text for p in _prompts_from_records(records, "corpus", "corpus", strict=False)] == ["fine"]
 

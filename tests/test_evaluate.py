@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eyas.acceptance import chain_acceptance, tree_tau
+from eyas.acceptance import chain_acceptance, top_ids, tree_tau
 from eyas.evaluate import chain_truth
 
 
@@ -301,8 +301,10 @@ def _random_drafter(folder, dtype=torch.float32) -> Drafter:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_forward_ttt_at_rows_is_bit_identical_to_the_full_unroll_there(threads):
-    """The shipped draft's shapes, rows as eval picks them (at least ROWS_MIN), teacher-forced and free."""
+def test_forward_ttt_at_rows_is_the_full_unroll_there(threads):
+    """The shipped draft's shapes, rows as eval picks them (at least ROWS_MIN), teacher-forced and free.
+    Equal up to fp32 rounding, not bit for bit: the BLAS may pick another kernel for R rows than for
+    T (with two threads on an AMX Xeon the logits, about 50 in size, differ by up to 3e-5)."""
     from eyas.drafter_loading import load_drafter
     from eyas.evaluate import ROWS_MIN
     from eyas.shift import label_ids
@@ -321,7 +323,7 @@ def test_forward_ttt_at_rows_is_bit_identical_to_the_full_unroll_there(threads):
                 full = d.forward_ttt(features, ids, 8, next_ids=nxt)
                 some = d.forward_ttt(features, ids, 8, next_ids=nxt, rows=rows)
             for j in range(8):
-                assert torch.equal(some[j], full[j][:, rows]), (T, R, teacher, j)
+                torch.testing.assert_close(some[j], full[j][:, rows], rtol=0, atol=1e-3, msg=f"{T, R, teacher, j}")
     finally:
         torch.set_num_threads(before)
 
@@ -395,3 +397,16 @@ def test_eval_of_the_shipped_draft_is_identical_with_rows_and_pruning(tmp_path, 
         monkeypatch.setattr(eyas.evaluate, "ROWS_MIN", 10**9)  # every position, every step
         full = evaluate_samples(draft, samples, lm_head, depth=8, tree_top_k=4, tree_depth=5)
     assert fast == full and fast["acceptance_by_depth"][0] > 0.2
+
+
+def test_the_chain_token_does_not_depend_on_the_tree_top_k():
+    """Ties (common in bf16 logits) go to the lower id, as argmax breaks them, whatever k is."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 4, (64, 300), generator=g).to(torch.bfloat16)  # every row full of ties
+    first = scores.argmax(-1)
+    for k in (1, 4, 5, 100, 300):
+        top = top_ids(scores, k)
+        assert torch.equal(top[:, 0], first) and top.shape == (64, k)
+        assert torch.equal(scores.gather(-1, top), scores.topk(k, dim=-1).values)  # still the k largest
+    assert torch.equal(top_ids(scores, 5), top_ids(scores, 300)[:, :5])
+

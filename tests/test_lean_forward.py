@@ -10,6 +10,7 @@ from conftest import tiny_contract
 from test_decode import GREEDY_TARGET, build_target, random_drafter
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+import eyas.decode.cost as cost
 import eyas.decode.lean_forward as lean_module
 from eyas.decode import DraftTree, generate, keep_accepted_kv, verify
 from eyas.decode.cost import draft_step_ms, target_forward_ms
@@ -165,3 +166,14 @@ def test_costs_are_measured(llama):
     assert set(ms) == {1, 4} and all(v > 0 for v in ms.values())
     assert set(target_forward_ms(llama, (2,), context=16, repeats=1, lean=False)) == {2}
     assert all(v > 0 for v in draft_step_ms(drafter, (1, 3), context=16, repeats=1).values())
+
+
+def test_the_cost_clock_waits_for_the_gpu(monkeypatch):
+    """A CUDA launch returns before its kernels run: the clock reads the wall time after a sync."""
+    synced = []
+    monkeypatch.setattr(cost, "synchronize", synced.append)
+    cuda = torch.device("cuda", 0)
+    cost.clock(cuda)
+    cost.clock(torch.device("cpu"))
+    cost.clock()
+    assert synced == [cuda]

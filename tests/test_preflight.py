@@ -285,8 +285,12 @@ def test_sampling_knobs_at_temperature_0_are_named_and_an_empty_verifier_name_re
     preflight.sampling(args)
     assert capsys.readouterr().err == ("warning: --top-p 0.5 and --top-k 3 do nothing at --temperature 0 (greedy); "
                                        "pass a temperature to sample\n")
+    preflight.sampling(build_parser().parse_args(["generate", "--prompt", "hi", "--seed", "3"]))
+    assert capsys.readouterr().err.startswith("warning: --seed 3 does nothing at --temperature 0 (greedy)")
     preflight.sampling(build_parser().parse_args(["generate", "--prompt", "hi", "--temperature", "0.7",
-                                                  "--top-p", "0.5"]))
+                                                  "--top-p", "0.5", "--seed", "3"]))
+    assert capsys.readouterr().err == ""
+    preflight.sampling(build_parser().parse_args(["capture", "--out", "x"]))  # its --seed 0 is a default
     assert capsys.readouterr().err == ""
     refused(capsys, ["convert", world["draft"], world["root"] / "out", "--format", "eagle", "--verifier-name", " "],
             "--verifier-name is empty")

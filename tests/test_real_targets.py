@@ -164,7 +164,7 @@ def test_the_parser_names_every_cache_format_the_readers_read():
 
 
 def test_parse_device():
-    assert parse_device(None) == torch.device("cpu") and parse_device("CPU") == torch.device("cpu")
+    assert parse_device(None) == parse_device("CPU") == parse_device("cpu:3") == torch.device("cpu")
     with pytest.raises(EyasError, match="not a device"):
         parse_device("gpu0")
     with pytest.raises(EyasError, match="cpu or cuda"):

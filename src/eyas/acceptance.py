@@ -16,6 +16,13 @@ from torch import Tensor
 from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
 
 
+def top_ids(scores: Tensor, k: int) -> Tensor:
+    """[..., k] the ids of the k largest scores, largest first, ties to the lower id as `argmax` breaks
+    them (decoding's greedy draft): `topk` breaks ties by k, so in bf16, where ties are common, the
+    chain's first token would change with the tree's top-k."""
+    return scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def accepted_chains(pred: Tensor, truth: Tensor, valid: Tensor) -> Tensor:
     """[N, K] bool: every drafted token 0..j of the chain from start n was right (and known)."""
     return torch.cummin(((pred == truth) & valid).int(), dim=1).values.bool()

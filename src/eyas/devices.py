@@ -32,7 +32,7 @@ def parse_device(spec: str | torch.device | None) -> torch.device:
     except RuntimeError:
         raise EyasError(f"--device {spec!r} is not a device", "use cpu, cuda or cuda:N") from None
     if device.type == "cpu":
-        return device
+        return torch.device("cpu")  # one CPU device: torch keeps an index (cpu:3) that names nothing
     if device.type != "cuda":
         raise EyasError(f"--device {spec!r}: eyas runs on cpu or cuda", "use cpu, cuda or cuda:N")
     if not torch.cuda.is_available():

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from eyas.acceptance import difference, figures, sample_counts, stacked
+from eyas.acceptance import difference, figures, sample_counts, stacked, top_ids
 from eyas.atomic import write_atomic
 from eyas.contract import default_capture_layers
 from eyas.data import MANIFEST, capture, read_prompts
@@ -163,7 +163,7 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
         topk, measured = [], []
         for j, h in enumerate(states):  # the head over the rows forward_ttt's own would take: same products
             logits = drafter.head(h[0])[pick]  # [N, Vd]
-            topk.append(drafter.to_target_ids(logits.topk(k, dim=-1).indices))
+            topk.append(drafter.to_target_ids(top_ids(logits, k)))
             if measure is not None:
                 measured.append(measure(logits, rows[:, j]))
         topk = torch.stack(topk, dim=1)  # [N, depth, k]
@@ -181,14 +181,15 @@ def _pruned_topk(drafter, s: dict, next_ids: torch.Tensor, at: torch.Tensor, tru
     """topk [N, depth, k] of the teacher-forced unroll at the chain starts `at`, drafting a start only
     while its greedy chain or (within `tree_depth`) its top-k tree still holds the true token; -1
     where it was not drafted. At least ROWS_MIN rows stay in every product (ended ones fill up), so
-    each kept row is computed exactly as in the full unroll."""
+    each kept row is computed as in the full unroll (bit for bit where the BLAS keeps its kernel for the
+    smaller product; with two threads on an AMX Xeon, to fp32 rounding)."""
     topk = truth.new_full((len(at), depth, k), -1)
     chain = torch.ones(len(at), dtype=torch.bool)
     tree = torch.ones(len(at), dtype=torch.bool)
     current = torch.arange(len(at))  # the rows of `at` drafted at this step
 
     def record(j: int, out: torch.Tensor) -> None:
-        top = drafter.to_target_ids(out[0].topk(k, dim=-1).indices)  # [R_j, k]
+        top = drafter.to_target_ids(top_ids(out[0], k))  # [R_j, k]
         topk[current, j] = top
         ok, true = valid[current, j], truth[current, j]
         chain[current] &= (top[:, 0] == true) & ok
@@ -325,7 +326,7 @@ def evaluate(
         if data is None:
             capture(Target.load(ref), read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
                     max_new_tokens=max_new_tokens, dtype=dtype, progress=progress, do_sample=temperature > 0,
-                    temperature=temperature or 1.0, seed=0, answers="generate")
+                    temperature=temperature, seed=0, answers="generate")
             data, data_format = tmp, "eyas"
         cache = open_cache(data, format=data_format, num_layers=ref.num_layers)
         info = cache.info

@@ -36,9 +36,20 @@ def _with_categories(path: Path, prompts: list[Prompt], default: str) -> list[Be
     record is a prompt or an error), so its prompts and the file's records pair up in order."""
     if path.suffix.lower() not in (".json", ".jsonl"):
         return [BenchPrompt(p, default) for p in prompts]
-    records = [rec for _, rec in json_records(path, allow_truncated=False)]
-    assert len(records) == len(prompts)
-    return [BenchPrompt(p, str(r.get("category") or default)) for p, r in zip(prompts, records)]
+    records = list(json_records(path, allow_truncated=False))
+    return [BenchPrompt(p, _category(path, line, r, default)) for p, (line, r) in zip(prompts, records, strict=True)]
+
+
+def _category(path: Path, line: int, record: dict, default: str) -> str:
+    """A record's `category`: text, or absent (`default`); a number or an object is refused, since
+    its printed form would name a row of the report nobody wrote."""
+    value = record.get("category")
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise FormatError(f"{path.name} line {line}: field 'category' is {json.dumps(value)[:40]}, expected text",
+                          "write the category as a string, or leave it out")
+    return value
 
 
 def _prompt_set(name: str) -> list[BenchPrompt]:

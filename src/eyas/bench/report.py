@@ -114,6 +114,8 @@ def format_bench(report: dict) -> str:
                      "are for comparison)")
     elif gen["shape"]:
         lines.append(f"eyas generate decodes with {shape_label(gen['shape'])} ({gen['source']})")
+    else:
+        lines.append(f"eyas generate decodes with a measured shape: {gen['source']}")
     return "\n".join(lines)
 
 

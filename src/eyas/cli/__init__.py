@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable
 
 from eyas.cli.output import print_json, progress_bars
-from eyas.cli.parser import build_parser
+from eyas.cli.parser import UsageError, build_parser
 from eyas.errors import EyasError
 from eyas.interrupt import Interrupted
 
@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2, already printed by argparse)
+    except UsageError as e:  # printed already; under --json stdout gets its one JSON object too
+        if "--json" in (sys.argv[1:] if argv is None else argv):
+            print_json({"error": e.message, "hint": e.hint, "exit_code": 2})
+        return 2
+    except SystemExit as e:  # --help (0)
         return int(e.code or 0)
     try:
         with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings():

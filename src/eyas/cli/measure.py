@@ -40,7 +40,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     layers = capture_layers_of(args.capture_layers) or default_capture_layers(target.num_layers)
     manifest = capture(target, prompts, layers, args.out,
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype,
-                       do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
+                       do_sample=args.temperature > 0, temperature=args.temperature, top_p=args.top_p,
                        seed=args.seed, skip_long=args.skip_long, max_length=args.max_length,
                        progress=args.progress, resumable=True, answers=args.answers)
     if args.json:

@@ -338,9 +338,19 @@ class _Parser(argparse.ArgumentParser):
         return ns
 
     def error(self, message: str) -> NoReturn:
+        hint = f"`{self.prog} --help` lists {'the verbs' if self.verbs else 'its flags and their values'}"
         self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\nhint: `{self.prog} --help` lists "
-                     f"{'the verbs' if self.verbs else 'its flags and their values'}\n")
+        print(f"{self.prog}: error: {message}\nhint: {hint}", file=sys.stderr)
+        raise UsageError(f"{self.prog}: {message}", hint)
+
+
+class UsageError(SystemExit):
+    """A usage error argparse found (printed already): exit 2, with the message and hint kept for the
+    JSON object `--json` promises on every exit."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(2)
+        self.message, self.hint = message, hint
 
 
 def build_parser() -> argparse.ArgumentParser:

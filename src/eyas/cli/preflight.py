@@ -52,6 +52,8 @@ def sampling(args: argparse.Namespace) -> None:
         unused.append(f"--top-p {top_p:g}")
     if getattr(args, "top_k", 0):
         unused.append(f"--top-k {args.top_k}")
+    if getattr(args, "command", None) == "generate" and args.seed is not None:  # the one unseeded by default
+        unused.append(f"--seed {args.seed}")
     if not temperature and unused:  # greedy: nothing is sampled, so nothing is cut
         print(f"warning: {' and '.join(unused)} {'do' if len(unused) > 1 else 'does'} nothing at --temperature 0 "
               "(greedy); pass a temperature to sample", file=sys.stderr)
@@ -173,16 +175,23 @@ def dump_file(path: str | Path, target: str | None) -> None:
 
 def features(args: argparse.Namespace) -> None:
     """`eyas doctor --features`: an engine dump (a file) or a feature cache (a folder)."""
-    path = getattr(args, "features", None)
+    path, data_format = getattr(args, "features", None), getattr(args, "data_format", None)
     if path is None:
+        _format_without_data(data_format, "--features")
         return
-    data_format = getattr(args, "data_format", None)
     if Path(path).is_dir():
         capture_folder(path, "--features", data_format)
     elif data_format in (None, "eyas-dump"):
         dump_file(path, args.target)
     else:
         existing(path, "--features")
+
+
+def _format_without_data(data_format: str | None, flag: str) -> None:
+    """--data-format names how to read a cache: without one to read, it would be ignored unsaid."""
+    if data_format is not None:
+        raise EyasError(f"--data-format {data_format} without {flag}: there is no cache to read",
+                        f"pass {flag} CACHE_FOLDER, or leave --data-format out")
 
 
 # --- places written -----------------------------------------------------------------------------------
@@ -350,6 +359,7 @@ def _eval(a: argparse.Namespace) -> None:
         if a.temperature:
             sampled_cache(a.data, getattr(a, "data_format", None))
     else:
+        _format_without_data(getattr(a, "data_format", None), "--data")
         prompts(a.prompts, limit=a.limit)
     if a.against not in (None, "default"):
         existing(a.against, "--against")
@@ -369,6 +379,8 @@ def _decoding(a: argparse.Namespace) -> None:
 def _generate(a: argparse.Namespace) -> None:
     from eyas.data.prompts import not_unicode
 
+    if not a.prompt.strip():  # as a prompt file's blank record is refused: an answer to nothing measures nothing
+        raise EyasError("--prompt is empty", "pass the user turn to answer, e.g. --prompt 'Explain KV caches'")
     bad = not_unicode(a.prompt)  # bytes that are not UTF-8 reach argv as lone surrogates
     if bad is not None:
         raise EyasError(f"--prompt: {bad}", "pass the prompt as UTF-8 text (or put it in a prompt file)")

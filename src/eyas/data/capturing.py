@@ -27,6 +27,7 @@ from eyas.data.shards import (
     FORMAT_VERSION,
     MANIFEST,
     forget_capture,
+    generation_settings,
     record_shards,
     shard_entry,
     shard_name,
@@ -112,7 +113,7 @@ def capture(
         target.model.to(device)
     limit, prompt_ids, skipped = _encode_fitting(target, prompts, max_new_tokens, max_length, skip_long)
     plan = _plan(target, prompts, layers, dtype, shard_size, max_new_tokens, limit, skip_long,
-                 dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
+                 generation_settings(do_sample, temperature, top_p, top_k, seed))
     fresh, made = not (out_dir / MANIFEST).exists(), make_folders(out_dir)
     manifest = start_manifest(out_dir, plan, skipped)  # refuses a folder holding another capture
 
@@ -218,11 +219,20 @@ def encode_prompts(
                 f"{p.origin}: the prompt is {len(row)} tokens with the chat template; with "
                 f"max_new_tokens={max_new_tokens} it needs {len(row) + max_new_tokens} > {limit}, "
                 f"{set_by or f'the context of {target.name}'}",
-                "shorten or remove it, lower --max-new-tokens, or drop such prompts (capture: --skip-long)",
+                _too_long_hint(limit - len(row), several=len(prompts) > 1),
             )
         skipped.append({"index": i, "origin": p.origin, "tokens": len(row)})
         ids[i] = None
     return ids, skipped
+
+
+def _too_long_hint(room: int, *, several: bool) -> str:
+    """How a prompt that does not fit can: `room` answer tokens are left beside it (none: shorten it)."""
+    fixes = [f"lower --max-new-tokens to {room} or less" if room > 0 else "shorten it (alone it fills the context)"]
+    if several:
+        fixes[0] = "shorten or remove it" if room <= 0 else f"shorten or remove it, {fixes[0]}"
+        fixes.append("drop such prompts (capture: --skip-long)")
+    return ", or ".join(fixes)
 
 
 def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch.dtype, shard_size: int,
@@ -270,7 +280,8 @@ def _capture_samples(target: Target, prompt_ids: list[list[int]], layers: list[i
     out: list[dict[str, torch.Tensor] | None] = [None] * len(prompt_ids)
     device = target.model.device
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        torch.manual_seed((sampling["seed"] + seed_offset) % 2**63)  # a resumed shard samples as it would have
+        if sampling["do_sample"]:  # a resumed shard samples as it would have
+            torch.manual_seed((sampling["seed"] + seed_offset) % 2**63)
         for b in range(0, len(order), batch_size):
             batch = order[b : b + batch_size]
             answers = answer(target, [prompt_ids[i] for i in batch], sampling, lean=lean)

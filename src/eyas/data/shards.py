@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from eyas.target import Target
 
 FORMAT = "eyas-capture"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: greedy answers are recorded as temperature 0 (1 recorded the unused 1.0); 1 is read
 MANIFEST = "manifest.json"
 KEYS = ("index", "samples", "tokens", "loss_tokens")  # the integers of a manifest's shard entry
 _SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
@@ -49,6 +49,31 @@ _SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float3
 def text_sha256(text: str) -> str:
     """Hex SHA-256 of a text: prompt lists and plans are compared by it, never stored whole."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def generation_settings(do_sample: bool, temperature: float, top_p: float, top_k: int, seed: int) -> dict[str, Any]:
+    """How the answers were chosen, as the manifest records it: greedy is temperature 0 and nothing
+    else (a greedy capture resumes under any seed or top-p, which it never reads); sampling, every
+    setting that shapes the draws."""
+    if not do_sample:
+        return dict(_GREEDY)
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+
+
+_GREEDY = {"do_sample": False, "temperature": 0.0}
+
+
+def _upgrade(manifest: dict) -> dict:
+    """A version-1 manifest as version 2 records it (greedy settings rewritten, nothing else): its
+    captures read, and resume, as before. The fingerprint is the capture's identity, carried by its
+    shards, so it stays."""
+    if manifest.get("format_version") != 1:
+        return manifest
+    upgraded, generation = {**manifest, "format_version": FORMAT_VERSION}, manifest.get("generation")
+    if isinstance(generation, dict) and not generation.get("do_sample"):
+        unused = ("temperature", "top_p", "top_k", "seed")
+        upgraded["generation"] = {**{k: v for k, v in generation.items() if k not in unused}, **_GREEDY}
+    return upgraded
 
 
 def start_manifest(out_dir: Path, plan: dict, skipped: list) -> dict:
@@ -283,9 +308,10 @@ def read_manifest(folder: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FormatError(f"{path}: format is {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
                           f"expected {FORMAT!r}", "point at a folder written by `eyas capture`")
+    manifest = _upgrade(manifest)
     if manifest.get("format_version") != FORMAT_VERSION:
         raise FormatError(
-            f"{path}: format_version {manifest.get('format_version')}, this eyas reads {FORMAT_VERSION}",
+            f"{path}: format_version {manifest.get('format_version')}, this eyas reads 1 to {FORMAT_VERSION}",
             "capture the data again with this eyas version",
         )
     problem = manifest_problem(manifest)

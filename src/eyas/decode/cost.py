@@ -9,7 +9,8 @@ positions, as decoding runs it (the lean forward where it applies, packed draft 
 caches). Sizes are interleaved and each keeps its fastest repeat, so a load spike on a shared
 machine hits every size alike and rarely survives the minimum. With one torch thread the clock is
 this thread's CPU time, which other processes on a shared machine barely move (it equals the wall
-time on an idle one); with more threads it is the wall clock.
+time on an idle one); with more threads, or on a GPU, it is the wall clock, read after the GPU has
+finished what was queued (a launch returns before its kernels run).
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ from eyas.decode.packed import packed_linears
 from eyas.decode.propose import draft_cache, draft_step0
 from eyas.decode.tree import chain_tree
 from eyas.decode.verify import decoder, keep_accepted_kv, prefill, verify
+from eyas.devices import synchronize
 from eyas.drafter import DraftCache, Drafter
 from eyas.target import Target
 
 
-def clock() -> float:
-    """Seconds on the clock costs are measured with (see the module docstring)."""
+def clock(device: torch.device | None = None) -> float:
+    """Seconds on the clock costs are measured with, once the work queued on `device` is done (see the
+    module docstring)."""
+    if device is not None and device.type != "cpu":
+        synchronize(device)
+        return time.perf_counter()
     return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
 
 
@@ -53,9 +59,9 @@ def target_forward_ms(
     best = {size: float("inf") for size in sizes}
     for _ in range(repeats + 1):  # the first pass warms up (allocator, oneDNN primitives)
         for size in sizes:
-            t0 = clock()
+            t0 = clock(device)
             verify(model, chain_tree(ids[0, context : context + size]), cache, context, capture)
-            best[size] = min(best[size], clock() - t0)
+            best[size] = min(best[size], clock(device) - t0)
             keep_accepted_kv(cache, context, [])
     return {size: 1000 * s for size, s in best.items()}
 
@@ -79,8 +85,8 @@ def draft_step_ms(
         for _ in range(repeats + 1):
             for size in sizes:
                 positions = torch.full((1, size), context, device=device)
-                t0 = clock()
+                t0 = clock(device)
                 drafter(hidden.expand(1, size, -1), ids[:, context : context + size], positions, cache=cache)
-                best[size] = min(best[size], clock() - t0)
+                best[size] = min(best[size], clock(device) - t0)
                 cache.crop(context)
     return {size: 1000 * s for size, s in best.items()}
