@@ -152,11 +152,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.evaluate import evaluate, plot_report
 
-    if args.data and args.prompts:
-        raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
+    answers = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
     rep = evaluate(drafter_of(args), data=args.data, data_format=args.data_format, prompts=args.prompts,
-                   target=target_of(args, weights=True), limit=args.limit,
-                   max_new_tokens=args.max_new_tokens, depth=args.depth, tree_top_k=args.tree_top_k,
+                   target=target_of(args, weights=True), limit=args.limit, **answers,
+                   depth=args.depth, tree_top_k=args.tree_top_k,
                    tree_depth=args.tree_depth, layer_convention=args.layer_convention, dtype=args.dtype,
                    device=args.device, temperature=args.temperature, against=args.against,
                    progress=args.progress)

@@ -241,7 +241,8 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_target(p)
     add_device(p)
     p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts or samples")
-    add_max_new_tokens(p, 256, "answer tokens per prompt")
+    p.add_argument("--max-new-tokens", type=int, metavar="N",  # None: the library's, and said unused with --data
+                   help="answer tokens per prompt (default: 256; --data samples are measured whole)")
     p.add_argument("--depth", type=int, default=8, help="draft depths to measure, tau for k = 1..depth (default: 8)")
     p.add_argument("--tree-top-k", type=int, default=4, metavar="K", help="tree branching per level (default: 4)")
     p.add_argument("--tree-depth", type=int, default=5, metavar="D", help="tree depth (default: 5)")

@@ -355,6 +355,9 @@ def _eval(a: argparse.Namespace) -> None:
     sampling(a)
     target(a, weights=True)
     if a.data:
+        if a.max_new_tokens is not None:
+            print(f"warning: --max-new-tokens {a.max_new_tokens} does nothing with --data: eval measures the "
+                  "cache's samples whole (the doctor cuts them)", file=sys.stderr)
         capture_folder(a.data, "--data", getattr(a, "data_format", None))
         if a.temperature:
             sampled_cache(a.data, getattr(a, "data_format", None))
