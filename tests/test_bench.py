@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 import eyas.bench.sweep as sweep_module
 from eyas import bench
 from eyas.bench import METHODS, format_bench, run_bench
-from eyas.bench.run import TO_MEASURE
+from eyas.generate import TO_MEASURE
 from eyas import dtype_choice
 from eyas.bench.timing import Run, spread, summary
 from eyas.contract import Verifier

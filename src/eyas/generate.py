@@ -27,13 +27,16 @@ from eyas.dtypes import short_name
 from eyas.errors import EyasError
 from eyas.target import Target, TargetRef
 
-__all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "TextStream", "chat_ids", "choose_shape",
-           "format_generate", "load_models", "measure_shape", "run_generate"]
+__all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "TO_MEASURE", "TO_MEASURE_AGAIN",
+           "TextStream", "chat_ids", "choose_shape", "format_generate", "load_models", "measure_shape", "run_generate"]
 
 NGRAM_TOKENS = 8  # the most tokens an n-gram branch proposes per round in `eyas generate` / `eyas bench`
 TARGET_ALONE = "target alone: no shape beat it on this machine"  # the shape source when a sweep said so
 MEASURED_NOW = "measured now (none was cached)"  # the shape source when choose_shape ran the quick sweep
 MEASURED_AGAIN = "measured again (the cached one was timed under load)"
+# choose_shape without models (eyas bench, which cannot measure one): what `eyas generate` will do
+TO_MEASURE = "none cached: it times the quick sweep's shapes first (`eyas bench --sweep` caches them now)"
+TO_MEASURE_AGAIN = "the cached one was timed under load: it times the quick sweep's shapes again first"
 
 
 def chat_ids(target: Target, prompt: Prompt | str, *, max_new_tokens: int) -> list[int]:
@@ -121,15 +124,18 @@ def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtyp
                  ) -> tuple[dict, str]:
     """(shape, where it came from) for one generation: the one given, else the sweep's best for this
     target / drafter / dtype / machine (with `models`, the loaded target and draft, measured now by
-    `measure_shape` when none is cached or the cached one was timed under load), else the default chain. An empty shape decodes with the
-    target alone: without a drafter, or when the sweep found no shape faster than the target alone."""
+    `measure_shape` when none is cached or the cached one was timed under load; without them, the
+    empty shape and TO_MEASURE or TO_MEASURE_AGAIN), else the default chain. An empty shape decodes
+    with the target alone: without a drafter, or when the sweep found no shape faster than the target alone."""
     if draft_tokens is not None or tree is not None:  # decode refuses both, or either without a drafter
         given = {"draft_tokens": draft_tokens, "tree": None if tree is None else list(tree)}
         return {k: v for k, v in given.items() if v is not None}, "given"
     if drafter is None:
         return {}, "none"
     cached, source = read_best_shape(target_name, drafter, dtype), "sweep cache"
-    if needs_sweep(cached) and models is not None and models[1] is not None:
+    if needs_sweep(cached) and models is None:  # the caller cannot measure: say that generate will
+        return {}, TO_MEASURE if cached is None else TO_MEASURE_AGAIN
+    if needs_sweep(cached) and models[1] is not None:
         source = MEASURED_NOW if cached is None else MEASURED_AGAIN
         # None: nothing measured (a provisional entry, timed under load, then still stands)
         cached = measure_shape(*models, drafter, dtype, previous=cached) or cached

@@ -33,9 +33,6 @@ from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, mea
 from eyas.machine import quietest, say_if_busy
 from eyas.target import Target
 
-# what `eyas generate` does where no settled shape is cached: it times the quick sweep's shapes first
-TO_MEASURE = "none cached: it times the quick sweep's shapes first (`eyas bench --sweep` caches them now)"
-TO_MEASURE_AGAIN = "the cached one was timed under load: it times the quick sweep's shapes again first"
 DEFAULT_TREE = (5, 4, 16)  # 16 draft nodes: the tree when neither --tree nor a sweep gives one
 
 
@@ -165,9 +162,6 @@ def _shapes(target_name: str, drafter: str | Path, dtype: torch.dtype, draft_tok
         chain["ngram_tokens"] = swept_ngram
     tree_shape = {"tree": list(tree or (known["best_tree"] if known else DEFAULT_TREE))}
     generate_shape, generate_source = choose_shape(target_name, drafter, dtype, None, None)
-    cached = read_best_shape(target_name, drafter, dtype)
-    if needs_sweep(cached):  # generate measures one first (eyas.generate.choose_shape), not the default
-        generate_shape, generate_source = None, TO_MEASURE if cached is None else TO_MEASURE_AGAIN
     return {"eyas_chain": chain, "eyas_tree": tree_shape,
             "source": {"eyas_chain": "given" if draft_tokens else found, "eyas_tree": "given" if tree else found},
             "generate": {"shape": generate_shape or None, "source": generate_source}}

@@ -48,6 +48,11 @@ def _warning_line(other: Callable[..., None]) -> Callable[..., None]:
     return show
 
 
+def _json_error(message: str, hint: str | None) -> None:
+    """The object `--json` prints on stdout for unusable input (exit 2), beside the stderr lines."""
+    print_json({"error": message, "hint": hint, "exit_code": 2})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (`eyas`); returns the exit code."""
     parser = build_parser()
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except UsageError as e:  # printed already; under --json stdout gets its one JSON object too
         if "--json" in (sys.argv[1:] if argv is None else argv):
-            print_json({"error": e.message, "hint": e.hint, "exit_code": 2})
+            _json_error(e.message, e.hint)
         return 2
     except SystemExit as e:  # --help (0)
         return int(e.code or 0)
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
         if getattr(args, "json", False):  # a reader of stdout gets one JSON object on every exit
-            print_json({"error": str(e), "hint": e.hint, "exit_code": 2})
+            _json_error(str(e), e.hint)
         return 2
     except Interrupted as e:  # SIGINT / SIGTERM in capture or train: what was kept, how to resume
         print(e, file=sys.stderr)

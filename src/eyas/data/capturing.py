@@ -228,11 +228,10 @@ def encode_prompts(
 
 def _too_long_hint(room: int, *, several: bool) -> str:
     """How a prompt that does not fit can: `room` answer tokens are left beside it (none: shorten it)."""
-    fixes = [f"lower --max-new-tokens to {room} or less" if room > 0 else "shorten it (alone it fills the context)"]
-    if several:
-        fixes[0] = "shorten or remove it" if room <= 0 else f"shorten or remove it, {fixes[0]}"
-        fixes.append("drop such prompts (capture: --skip-long)")
-    return ", or ".join(fixes)
+    lower = [f"lower --max-new-tokens to {room} or less"] if room > 0 else []
+    if not several:
+        return lower[0] if lower else "shorten it (alone it fills the context)"
+    return ", ".join(["shorten or remove it", *lower]) + ", or drop such prompts (capture: --skip-long)"
 
 
 def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch.dtype, shard_size: int,

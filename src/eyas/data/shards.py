@@ -51,6 +51,9 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+_GREEDY = {"do_sample": False, "temperature": 0.0}  # all a greedy capture's manifest says of its answers
+
+
 def generation_settings(do_sample: bool, temperature: float, top_p: float, top_k: int, seed: int) -> dict[str, Any]:
     """How the answers were chosen, as the manifest records it: greedy is temperature 0 and nothing
     else (a greedy capture resumes under any seed or top-p, which it never reads); sampling, every
@@ -58,9 +61,6 @@ def generation_settings(do_sample: bool, temperature: float, top_p: float, top_k
     if not do_sample:
         return dict(_GREEDY)
     return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-
-
-_GREEDY = {"do_sample": False, "temperature": 0.0}
 
 
 def _upgrade(manifest: dict) -> dict:
