@@ -403,16 +403,17 @@ def test_dtype_auto_times_each_baseline_in_transformers_own_forward(saved):
 
 def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_path, monkeypatch, capsys,
                                                                     real_quick_sweep):
-    """No shape cached: a quick sweep runs (said on stderr, with its cost), is cached, and is reused."""
+    """No shape cached: a quick sweep runs (said on stderr, with its cost, under a progress bar unless
+    progress is off), is cached, and is reused."""
     target, draft = saved
     monkeypatch.setattr(sweep_module, "QUICK_CHAINS", (1, 2))
     monkeypatch.setattr(sweep_module, "QUICK_PLAIN_CHAINS", (1,))
     monkeypatch.setattr(sweep_module, "QUICK_TREES", ((2, 2, 3),))
     monkeypatch.setattr(sweep_module, "QUICK_PROMPTS", 2)
     monkeypatch.setattr(sweep_module, "QUICK_TOKENS", 4)
-    out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5)
+    out = run_generate(draft, "hello world", target=target, dtype="fp32", max_new_tokens=5, progress=True)
     err = capsys.readouterr().err
-    assert "no draft shape measured" in err and "cached in" in err and "took" in err
+    assert "no draft shape measured" in err and "cached in" in err and "took" in err and "sweep: 100%" in err
     name = Target.load(target).name
     entry = read_best_shape(name, draft, "fp32")
     assert entry is not None and [r["shape"] for r in entry["results"]] == [
@@ -430,6 +431,8 @@ def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_p
     rep = run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="bf16", max_new_tokens=4, limit=1,
                     progress=False)
     assert rep["sweep"]["quick"] and rep["shapes"]["source"]["eyas_chain"] == "quick sweep"
+    err = capsys.readouterr().err
+    assert "no draft shape measured" in err and "sweep:" not in err
     assert "quick sweep" in format_bench(rep) and read_best_shape(name, draft, "bf16") is not None
 
 

@@ -121,7 +121,7 @@ def measure_shape(target: Target, draft: Drafter, drafter: str | Path, dtype: to
 
 def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtype, draft_tokens: int | None,
                  tree: tuple[int, int, int] | None, *, models: tuple[Target, Drafter] | None = None,
-                 ) -> tuple[dict, str]:
+                 progress: bool = False) -> tuple[dict, str]:
     """(shape, where it came from) for one generation: the one given, else the sweep's best for this
     target / drafter / dtype / machine (with `models`, the loaded target and draft, measured now by
     `measure_shape` when none is cached or the cached one was timed under load; without them, the
@@ -138,7 +138,7 @@ def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtyp
     if needs_sweep(cached) and models[1] is not None:
         source = MEASURED_NOW if cached is None else MEASURED_AGAIN
         # None: nothing measured (a provisional entry, timed under load, then still stands)
-        cached = measure_shape(*models, drafter, dtype, previous=cached) or cached
+        cached = measure_shape(*models, drafter, dtype, previous=cached, progress=progress) or cached
     if cached is None:
         return {"draft_tokens": DEFAULT_DRAFT_TOKENS}, "default"
     if cached.get("beats_target") is False:
@@ -163,6 +163,7 @@ def run_generate(
     stream: Callable[[str], object] | None = None,
     layer_convention: str | None = None,
     device: str | torch.device | None = None,
+    progress: bool = False,
 ) -> dict:
     """`eyas generate`: answer `prompt` (a user turn, chat template applied) with speculative decoding.
 
@@ -174,11 +175,13 @@ def run_generate(
     dtype measured fastest for this target on this machine, eyas.dtype_choice), or bf16 / fp32 in
     any spelling eyas.dtypes accepts (on a GPU, `device`, "auto" is bf16). Returns the answer (`text`, `tokens`), the dtype and shape
     used and where they came from, and decode's stats (tau, acceptance_by_depth, tokens_per_s, ...).
+    `progress`: a progress bar on stderr while a shape is measured.
     """
     dtype, dtype_source = resolve_dtype(dtype, target, device)
     tree = parse_tree(tree)
     target_model, draft = load_models(drafter, target, dtype, layer_convention, device)
-    shape, source = choose_shape(target_model.name, drafter, dtype, draft_tokens, tree, models=(target_model, draft))
+    shape, source = choose_shape(target_model.name, drafter, dtype, draft_tokens, tree, models=(target_model, draft),
+                                 progress=progress)
     ids = chat_ids(target_model, prompt, max_new_tokens=max_new_tokens)
     stops = eos_ids(target_model)
     streamer = TextStream(target_model.tokenizer, stream) if stream is not None else None

@@ -95,7 +95,8 @@ def run_bench(
     elif draft_tokens is None or tree is None:
         known = read_best_shape(target_model.name, drafter, dtype)
         if needs_sweep(known):
-            sweep_report = measure_shape(target_model, draft, drafter, dtype, ngram_tokens=ngram_tokens, previous=known)
+            sweep_report = measure_shape(target_model, draft, drafter, dtype, ngram_tokens=ngram_tokens, previous=known,
+                                         progress=progress)
         if sweep_report is not None:
             sweep_report["quick"] = True
     shapes = _shapes(target_model.name, drafter, dtype, draft_tokens, tree, sweep_report)

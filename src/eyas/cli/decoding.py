@@ -28,7 +28,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           max_new_tokens=args.max_new_tokens, seed=args.seed, target=target_of(args, weights=True),
                           dtype=args.dtype, layer_convention=args.layer_convention, device=args.device,
-                          stream=None if args.json else _stream)
+                          stream=None if args.json else _stream, progress=args.progress)
     if args.json:
         print_json(result)
     else:
