@@ -653,7 +653,6 @@ def test_destination_rules(tmp_path):
     with pytest.raises(FormatError, match="folder is not empty"):
         convert_checkpoint(src, out, "speculators")
     assert read_checkpoint(out).files == {"config.json": "eagle"}
-    (out / "stray.txt").write_text("x")
     convert_checkpoint(src, out, "speculators", force=True)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]
@@ -671,13 +670,20 @@ def test_force_replaces_a_draft_and_nothing_else(tmp_path):
     here = tmp_path / "here"
     (here / "shards").mkdir(parents=True)
     (here / "config.json").write_text(json.dumps(eagle_config(c, "float32")))  # a draft's config, beside shards/
-    for dst, why in ((model, "holds no EAGLE-3 draft config"), (here, "holds folders (shards)")):
+    trained = write_checkpoint(tmp_path / "trained", c, t, "both")  # a draft with its notes, as the shipped one
+    for name in ("README.md", "train_log.jsonl", "heldout_tau.png"):
+        (trained / name).write_text("kept")
+    for dst, why in ((model, "holds no EAGLE-3 draft config"), (here, "holds folders (shards)"),
+                     (trained, "holds files that are not a draft's, which replacing it would delete "
+                               "(README.md, heldout_tau.png, train_log.jsonl)")):
         before = sorted(p.name for p in dst.rglob("*"))
         with pytest.raises(FormatError, match=re.escape(f"--force replaces only a draft folder, and this one {why}")):
             write_checkpoint(dst, c, t, "eagle", force=True)
         assert sorted(p.name for p in dst.rglob("*")) == before
     draft = write_checkpoint(tmp_path / "draft", c, t, "eagle")
+    (draft / "model-00001-of-00002.safetensors").write_bytes(b"")  # a shard of an earlier layout: a draft's
     assert write_checkpoint(draft, c, t, "speculators", force=True) == draft
+    assert sorted(p.name for p in draft.iterdir()) == ["config.json", "model.safetensors"]
     assert json.loads((draft / "config.json").read_text()).get("speculators_config")
 
 
@@ -689,8 +695,8 @@ def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
         write_checkpoint(tmp_path / "d", c, bad, "eagle")
     assert list(tmp_path.iterdir()) == []
 
-    write_checkpoint(tmp_path / "d", c, t, "eagle")  # a draft: what --force may replace
-    (tmp_path / "d" / "keep.txt").write_text("old")
+    old = write_checkpoint(tmp_path / "d", c, t, "eagle")  # a draft: what --force may replace
+    kept = {p.name: p.read_bytes() for p in old.iterdir()}
 
     def boom(*a, **k):
         raise OSError("disk full")
@@ -699,7 +705,7 @@ def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
         m.setattr("eyas.formats.write.write_tensors", boom)
         with pytest.raises(OSError, match="disk full"):
             write_checkpoint(tmp_path / "d", c, t, "both", force=True)
-    assert [p.name for p in tmp_path.iterdir()] == ["d"] and (tmp_path / "d" / "keep.txt").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["d"] and {p.name: p.read_bytes() for p in old.iterdir()} == kept
 
     real_replace = os.replace
 
@@ -711,7 +717,7 @@ def test_failures_leave_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr("eyas.atomic.os.replace", rename_fails)
     with pytest.raises(EyasError, match=r"d: cannot write it \(rename failed\)"):
         write_checkpoint(tmp_path / "d", c, t, "eagle", force=True)
-    assert [p.name for p in tmp_path.iterdir()] == ["d"] and (tmp_path / "d" / "keep.txt").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["d"] and {p.name: p.read_bytes() for p in old.iterdir()} == kept
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_folder(tmp_path):

@@ -1,7 +1,8 @@
-"""Ctrl-C (SIGINT) and SIGTERM during `eyas capture` and `eyas train` (eyas.interrupt).
+"""Ctrl-C (SIGINT) and SIGTERM during `eyas capture` and `eyas train` (eyas.interrupt), and during
+any other verb's write.
 
-Each run is a real `python -m eyas` process on a tiny random target; the signal is sent once the
-run is visibly mid-way (a shard or some steps written). The process must exit 130 / 143 with one
+Each capture and train run is a real `python -m eyas` process on a tiny random target (the convert
+runs in-process, its signal sent from inside its write); the signal is sent once the run is visibly mid-way (a shard or some steps written). The process must exit 130 / 143 with one
 `interrupted by ...` line saying how to resume, no traceback and no temp files, and the resumed
 runs must end exactly where one uninterrupted run ends.
 """
@@ -9,6 +10,7 @@ runs must end exactly where one uninterrupted run ends.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -107,3 +109,31 @@ def test_train_interrupted_twice_resumes_to_the_uninterrupted_weights(target_dir
     a, b = draft_tensors(tmp_path / "whole"), draft_tensors(tmp_path / "interrupted")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in log_records(tmp_path / "interrupted")] == list(range(1, 61))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_any_verb_stopped_mid_write_leaves_nothing_and_says_so_in_one_line(sig, tmp_path, monkeypatch, capsys):
+    """A signal while `eyas convert` writes its folder (here sent from inside the write): exit 128 + N,
+    one `interrupted by` line, no traceback, and neither DST nor its temp folder left."""
+    from conftest import random_tensors, tiny_contract
+
+    import eyas.formats.write as write_module
+    from eyas.formats import write_checkpoint
+
+    c = tiny_contract()
+    src = write_checkpoint(tmp_path / "src", c, random_tensors(c), "eagle")
+    real = write_module.write_tensors
+
+    def signalled(*args, **kwargs):
+        real(*args, **kwargs)
+        os.kill(os.getpid(), sig)  # the handler raises here, inside the temp folder's block
+
+    monkeypatch.setattr(write_module, "write_tensors", signalled)
+    code = main(["convert", str(src), str(tmp_path / "dst"), "--format", "speculators"])
+    err = capsys.readouterr().err
+    assert code == 128 + sig and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("interrupted by")] == [
+        f"interrupted by {signal.Signals(sig).name}: stopped before the end; files are written whole or not at all, "
+        "so none was left half-written"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert signal.getsignal(sig) is not None and signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL)

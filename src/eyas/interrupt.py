@@ -7,6 +7,8 @@ that the run can be resumed. Inside `on_signals(note)` both signals raise `Inter
 KeyboardInterrupt carrying the signal and `note()` (what was kept, how to resume), so every
 `finally` runs (atomic writes remove their temp files) and the CLI prints that one line and exits
 128 + the signal number (130 for SIGINT, 143 for SIGTERM), as a shell reports a killed process.
+The CLI runs every verb inside one `on_signals` (a convert stopped mid-write removes its temp
+folder too); capture's and train's own blocks, inside it, say how to resume.
 
 A run whose in-memory state must not be cut mid-update (a training step) calls `Guard.hold(True)`:
 a signal is then held (a second one stops at once) and the run checks `Guard.pending` where its

@@ -13,8 +13,8 @@
 Every command prints one JSON object on stdout under `--json` (logs go to stderr) and exits 0 (ok),
 1 (`check` found problems, `doctor` found a fault) or 2 (the input cannot be used: one `error:` and
 one `hint:` line, and under `--json` `{"error", "hint", "exit_code"}` on stdout; `EYAS_DEBUG=1`
-shows the traceback instead); SIGINT / SIGTERM during capture or train exit 130 / 143 with one
-`interrupted by ...` line (eyas.interrupt); a reader of stdout that leaves early (`| head`) ends it
+shows the traceback instead); SIGINT / SIGTERM exit 130 / 143 with one `interrupted by ...` line
+(eyas.interrupt: capture and train say how to resume, every verb removes what it was writing); a reader of stdout that leaves early (`| head`) ends it
 quietly with 141, as SIGPIPE ends `cat`. `python -m eyas` is the same command.
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from eyas.cli.output import print_json, progress_bars
 from eyas.cli.parser import UsageError, build_parser
 from eyas.errors import EyasError
-from eyas.interrupt import Interrupted
+from eyas.interrupt import Interrupted, on_signals
 
 __all__ = ["build_parser", "main"]
 
@@ -46,6 +46,11 @@ def _warning_line(other: Callable[..., None]) -> Callable[..., None]:
             other(message, category, filename, lineno, file, line)
 
     return show
+
+
+def _stopped() -> str:
+    """What every verb says when stopped by SIGINT / SIGTERM (capture and train say how to resume)."""
+    return "stopped before the end; files are written whole or not at all, so none was left half-written"
 
 
 def _json_error(message: str, hint: str | None) -> None:
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0)
         return int(e.code or 0)
     try:
-        with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings():
+        with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings(), on_signals(_stopped):
             warnings.showwarning = _warning_line(warnings.showwarning)
             code = args.func(args)
         sys.stdout.flush()  # a closed pipe fails here, where it is handled, not in the interpreter's exit
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):  # a reader of stdout gets one JSON object on every exit
             _json_error(str(e), e.hint)
         return 2
-    except Interrupted as e:  # SIGINT / SIGTERM in capture or train: what was kept, how to resume
+    except Interrupted as e:  # SIGINT / SIGTERM: what was kept (capture, train: how to resume)
         print(e, file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # the reader of stdout left (`eyas inspect | head`): stop quietly, as `cat` does

@@ -190,7 +190,7 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_deprecated_alias(named, "--verifier-config", target)
     p.add_argument("--verifier-name", metavar="ID",
                    help="the target's hub id to record as the verifier (vLLM serves it)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    p.add_argument("--force", action="store_true", help="replace a DST that holds a draft and nothing else")
     add_reading(p, progress=False)
 
     p = command("init", cmd_init, "write a fresh (random) draft whose contract fits a target")
@@ -199,7 +199,7 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_capture_layers(p)
     add_format(p, default="both")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    p.add_argument("--force", action="store_true", help="replace a DST that holds a draft and nothing else")
     add_json(p)
 
 

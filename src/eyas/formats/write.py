@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from eyas.formats.emit import eagle_config, speculators_config, verifier_config_
 from eyas.formats.read import Checkpoint, read_checkpoint
 from eyas.formats.schema import CONFIG_NAMES, FORMATS, detect_format
 from eyas.formats.validate import tensor_problems
-from eyas.weights import dtype_name, from_canonical, write_tensors
+from eyas.weights import WEIGHT_LAYOUTS, dtype_name, from_canonical, write_tensors
 
 
 def check_destination(dst: str | Path, force: bool) -> None:
@@ -36,23 +37,42 @@ def check_destination(dst: str | Path, force: bool) -> None:
         why = _not_a_draft(dst)
         if why is not None:
             raise FormatError(f"{dst}: --force replaces only a draft folder, and this one {why}",
-                              "choose a new DST (or empty this one yourself)")
+                              "choose a new DST (or move those out of this one yourself)")
 
 
 def _not_a_draft(folder: Path) -> str | None:
-    """Why `folder` is not a draft folder that --force may replace; None when it is one (a draft
-    config and no subfolders: a model's, a capture's or a repository's folder has more)."""
+    """Why `folder` is not a draft folder that --force may replace; None when it is one: a draft
+    config, and nothing but a draft's files (replacing the folder deletes everything in it, so a
+    README, a training log or a model's tokenizer beside the draft refuse it)."""
     inner = sorted(p.name for p in folder.iterdir() if p.is_dir())
     if inner:
-        return f"holds folders ({', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''})"
-    for name in CONFIG_NAMES:
-        try:
-            cfg = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(cfg, dict) and detect_format(cfg) is not None:
-            return None
-    return "holds no EAGLE-3 draft config"
+        return f"holds folders ({_some(inner)})"
+    if not any(_draft_config(folder / name) for name in CONFIG_NAMES):
+        return "holds no EAGLE-3 draft config"
+    others = sorted(p.name for p in folder.iterdir() if not _draft_file(p.name))
+    if others:
+        return f"holds files that are not a draft's, which replacing it would delete ({_some(others)})"
+    return None
+
+
+def _draft_config(path: Path) -> bool:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and detect_format(cfg) is not None
+
+
+_SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
+
+
+def _draft_file(name: str) -> bool:
+    """A file a draft folder is made of: a config eyas reads, a weights file or a shard of one."""
+    return name in CONFIG_NAMES or name in WEIGHT_LAYOUTS or _SHARD.fullmatch(name) is not None
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _write(
