@@ -115,11 +115,13 @@ def parse_fc_skipped(tmp_path):
 
 
 def parse_published_quirks(tmp_path):
-    """What real published configs carry: a target's model_type, both dtype keys, tied embeddings, a MoE layer."""
+    """What real published configs carry: a target's model_type, both dtype keys, tied embeddings, a sliding
+    window (speculators issue 1065), a MoE layer."""
     c = tiny_contract()
     cfg = _eagle(c)
     cfg.update(model_type="phi3", dtype="bfloat16", torch_dtype="float16", tie_word_embeddings=True,
-               target_model_type="gemma3_text")  # SpecForge at ceefdebd scaled a Gemma draft's embeddings
+               target_model_type="gemma3_text",  # SpecForge at ceefdebd scaled a Gemma draft's embeddings
+               layer_types=["sliding_attention"], sliding_window=2048)
     found = _read(_folder(tmp_path / "d", {"config.json": cfg}, random_tensors(c)))
     found |= _mismatches(tmp_path / "d")  # SGLang ties lm_head to embed_tokens
     moe = dict(cfg, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLMEagle3"], num_experts=8)
@@ -300,7 +302,7 @@ SCENARIOS = {  # scenario: the codes it must produce
     shared_lm_head: {"lm_head_shared", "consumer_lm_head_unloaded"},
     parse_published_quirks: {
         "layer_type_unknown", "dtype_conflict", "tie_word_embeddings", "consumer_ties_lm_head", "draft_not_runnable",
-        "embed_scale_ignored",
+        "embed_scale_ignored", "sliding_window_not_run",
     },
     parse_config_alone: {"tensors_not_checked"},
     tensors_wrong: {

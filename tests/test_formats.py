@@ -803,3 +803,52 @@ def test_a_config_that_is_there_but_no_file_says_what_it_is(tmp_path):
     for name, what in (("a", "a folder"), ("b", "a link to nothing"), ("c", "a link that loops")):
         with pytest.raises(FormatError, match=re.escape(f"config.json: is there but is not a readable file ({what})")):
             read_checkpoint(tmp_path / name)
+
+
+# --- the draft layer's attention window ------------------------------------------------------------
+
+
+def _config_with(tmp_path, name, fmt, **keys):
+    """A draft folder whose layer config carries `keys` (top level for eagle, transformer_layer_config
+    for speculators); None deletes a key."""
+    path, c = _good(tmp_path / name, fmt)
+    cfg = json.loads((path / "config.json").read_text())
+    layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
+    for key, value in keys.items():
+        layer.pop(key, None) if value is None else layer.update({key: value})
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "eagle"])
+def test_a_sliding_window_is_read_said_and_written_back(tmp_path, fmt):
+    """`layer_types` ["sliding_attention"] with `sliding_window` (a published speculators config, issue
+    1065) is the contract's window: warned (eyas attends over everything), told in vLLM's view, and kept
+    by every conversion (convert dropped it, saying "contract unchanged"). A window a trainer copied from
+    its target with no layer_types, or "full_attention", is full attention."""
+    src = _config_with(tmp_path, "w", fmt, layer_types=["sliding_attention"], sliding_window=16, use_sliding_window=True)
+    ckpt = read_checkpoint(src)
+    assert ckpt.contract.sliding_window == 16
+    assert [w["code"] for w in ckpt.warnings if w["code"] == "sliding_window_not_run"] == ["sliding_window_not_run"]
+    assert any("last 16 tokens" in n for n in consumers(ckpt)["vllm"]["notes"])
+    for to in ("speculators", "eagle", "both"):
+        _, out = convert_checkpoint(src, tmp_path / f"out-{fmt}-{to}", to)
+        assert out.contract == ckpt.contract
+        for name in ("config.json", "config_eagle.json")[: 2 if to == "both" else 1]:
+            cfg = json.loads((out.path / name).read_text())
+            layer = cfg.get("transformer_layer_config", cfg)
+            assert (layer["layer_types"], layer["sliding_window"]) == (["sliding_attention"], 16)
+    for i, keys in enumerate(({"sliding_window": 32768, "use_sliding_window": False},
+                              {"layer_types": ["full_attention"], "sliding_window": 512})):
+        full = read_checkpoint(_config_with(tmp_path, f"full{i}", fmt, **keys))
+        assert full.contract.sliding_window is None
+        assert "sliding_window_not_run" not in [w["code"] for w in full.warnings]
+
+
+def test_attention_kinds_eyas_cannot_run_or_a_window_without_its_size(tmp_path):
+    mixed = read_checkpoint(_config_with(tmp_path, "m", "eagle", layer_types=["chunked_attention"]))
+    assert "attention kinds ['chunked_attention']" in mixed.contract.unsupported
+    with pytest.raises(FormatError, match=r"config.json: field 'sliding_window' is missing"):
+        read_checkpoint(_config_with(tmp_path, "n", "eagle", layer_types=["sliding_attention"], sliding_window=None))
+    with pytest.raises(FormatError, match=r"field 'transformer_layer_config.layer_types' is 'full_attention'"):
+        read_checkpoint(_config_with(tmp_path, "s", "speculators", layer_types="full_attention"))

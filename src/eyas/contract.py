@@ -91,6 +91,10 @@ class DraftContract:
     layer_type: str = "llama"  # "qwen3" adds q_norm/k_norm; another type only with `unsupported`
     hidden_act: str = "silu"
     attention_bias: bool = False
+    # the draft layer attends over its last N tokens (`layer_types` "sliding_attention", `sliding_window`);
+    # None: over the whole context. eyas's own forward attends over all of it
+    # (the same while a context is at most N tokens): eyas.formats.parse warns where it is set
+    sliding_window: int | None = None
     # --- norm flags (engine defaults differ: always written explicitly) ---
     norm_before_residual: bool = False  # residual = hidden_norm(h) instead of raw h
     norm_before_fc: bool = False  # one RMSNorm (input_norm) over the concatenated features
@@ -124,6 +128,9 @@ class DraftContract:
                 f"layer type {self.layer_type!r} is not supported",
                 f"use one of {', '.join(LAYER_TYPES)}",
             )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ContractError(f"sliding_window {self.sliding_window} is not a window",
+                                "set a positive number of tokens, or None for full attention")
         if self.norm_before_fc and self.fc_norm:
             raise ContractError(
                 "norm_before_fc and fc_norm are both set; a draft has at most one feature norm",

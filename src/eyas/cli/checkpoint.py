@@ -83,6 +83,7 @@ def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]
         f"{c['num_attention_heads']} / kv {c['num_key_value_heads']}, "
         f"head_dim {c['head_dim']}, intermediate {c['intermediate_size']}, {c['hidden_act']}, eps {c['rms_norm_eps']}"
         + (", attention bias" if c["attention_bias"] else "")
+        + (f", sliding window {c['sliding_window']}" if c["sliding_window"] else "")
     )
     vocab = f"target {c['vocab_size']}, draft {c['draft_vocab_size']}" + (
         " (reduced: d2t/t2d map draft ids to target ids)" if c["draft_vocab_size"] < c["vocab_size"] else " (full)"

@@ -29,6 +29,7 @@ _DIMS = (
     "num_hidden_layers",
     "hidden_act",
     "attention_bias",
+    "sliding_window",
     "target_hidden_size",
     "unsupported",
 )

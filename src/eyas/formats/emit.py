@@ -39,8 +39,18 @@ def _layer_dims(c: DraftContract) -> dict[str, Any]:
         "max_position_embeddings": c.max_position_embeddings,
         "vocab_size": c.vocab_size,  # the TARGET's vocab (vLLM and speculators expect that here)
         **_rope_fields(c),
+        **_window(c),
         "tie_word_embeddings": False,
     }
+
+
+def _window(c: DraftContract) -> dict[str, Any]:
+    """A sliding window as vLLM's Llama layer reads it (`layer_types`, `sliding_window`) and as
+    transformers' configs spell it on (`use_sliding_window`); nothing for full attention."""
+    if c.sliding_window is None:
+        return {}
+    return {"layer_types": ["sliding_attention"] * c.num_hidden_layers, "sliding_window": c.sliding_window,
+            "use_sliding_window": True}
 
 
 def _flags(c: DraftContract) -> dict[str, bool]:
