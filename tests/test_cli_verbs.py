@@ -80,6 +80,19 @@ def test_init_writes_the_format_asked_for(target, tmp_path, capsys):
     assert code == 2 and err.startswith("error: ")  # DST not empty, no --force
 
 
+def test_init_from_a_local_target_is_check_clean_with_the_verifier_name(target, tmp_path, capsys):
+    """A local --target is recorded as the verifier unless --verifier-name names its hub id: then the
+    fresh draft passes `check` (a local path is `verifier_not_portable`)."""
+    run_json(capsys, "init", tmp_path / "local", "--target", target, "--capture-layers", LAYERS)
+    assert run(capsys, "check", tmp_path / "local", "--target", target)[0] == 1
+    rep = run_json(capsys, "init", tmp_path / "d", "--target", target, "--capture-layers", LAYERS,
+                   "--verifier-name", "org/tiny")
+    assert rep["contract"]["verifier"]["name_or_path"] == "org/tiny"
+    assert run(capsys, "check", tmp_path / "d", "--target", target)[0] == 0
+    code, _, err = run(capsys, "init", tmp_path / "e", "--target", target, "--verifier-name", " ")
+    assert code == 2 and "--verifier-name is empty" in err and not (tmp_path / "e").exists()
+
+
 def test_convert_then_check_against_a_target_folder_or_config_file(draft, target, tmp_path, capsys):
     rep = run_json(capsys, "convert", draft, tmp_path / "s", "--format", "speculators", "--verifier-name", "org/tiny")
     assert rep["format"] == "speculators" and rep["files"] == ["config.json", "model.safetensors"]

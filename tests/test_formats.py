@@ -852,3 +852,15 @@ def test_attention_kinds_eyas_cannot_run_or_a_window_without_its_size(tmp_path):
         read_checkpoint(_config_with(tmp_path, "n", "eagle", layer_types=["sliding_attention"], sliding_window=None))
     with pytest.raises(FormatError, match=r"field 'transformer_layer_config.layer_types' is 'full_attention'"):
         read_checkpoint(_config_with(tmp_path, "s", "speculators", layer_types="full_attention"))
+
+
+def test_the_current_folder_is_never_replaced(tmp_path, monkeypatch):
+    """DST "." (or a folder above it) would be replaced by a new folder, leaving the shell in a deleted one."""
+    c = tiny_contract()
+    (tmp_path / "here" / "below").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "here" / "below")
+    for dst, what in ((".", "is the current folder:"), (tmp_path / "here", "is the current folder or holds it")):
+        with pytest.raises(FormatError, match=re.escape(what)):
+            write_checkpoint(dst, c, random_tensors(c), "eagle")
+    assert [p.name for p in tmp_path.rglob("*")] == ["here", "below"]
+    assert write_checkpoint("draft", c, random_tensors(c), "eagle").parent == tmp_path / "here" / "below"

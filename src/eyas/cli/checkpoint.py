@@ -270,7 +270,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     target = target_of(args, weights=True)
     contract = contract_for_target(target_config(target), capture_layers=capture_layers_of(args.capture_layers),
-                                   name=target_name(target))
+                                   name=args.verifier_name or target_name(target))
     drafter = Drafter(contract, embed_tokens=load_target_embeddings(target)).init_weights(args.seed)
     path = write_checkpoint(args.dst, contract, drafter.state_dict(), args.format, force=args.force)
     if args.json:

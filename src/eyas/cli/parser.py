@@ -78,6 +78,13 @@ def add_json(p: argparse.ArgumentParser, what: str = "the report") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} as one JSON object on stdout")
 
 
+def add_verifier_name(p: argparse.ArgumentParser) -> None:
+    """The hub id a written draft records as its verifier, where --target is a local folder (a local path
+    makes the draft not portable: `eyas check` says so)."""
+    p.add_argument("--verifier-name", metavar="ID",
+                   help="the target's hub id to record as the verifier (vLLM serves it)")
+
+
 def add_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
 
@@ -188,8 +195,7 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     named = p.add_mutually_exclusive_group()
     target = add_target(named, use="its name, architectures and depth are recorded as the verifier")
     add_deprecated_alias(named, "--verifier-config", target)
-    p.add_argument("--verifier-name", metavar="ID",
-                   help="the target's hub id to record as the verifier (vLLM serves it)")
+    add_verifier_name(p)
     p.add_argument("--force", action="store_true", help="replace a DST that holds a draft and nothing else")
     add_reading(p, progress=False)
 
@@ -198,6 +204,7 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_target(p)
     add_capture_layers(p)
     add_format(p, default="both")
+    add_verifier_name(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument("--force", action="store_true", help="replace a DST that holds a draft and nothing else")
     add_json(p)

@@ -221,7 +221,7 @@ def output_folder(path: str | Path | None, flag: str) -> None:
 
 
 def verifier_name(name: str | None) -> None:
-    """`convert --verifier-name`: an id engines can load (vLLM serves the draft's recorded verifier)."""
+    """`convert` / `init --verifier-name`: an id engines can load (vLLM serves the draft's recorded verifier)."""
     if name is not None and not name.strip():
         raise EyasError("--verifier-name is empty", "give the target's hub id, e.g. --verifier-name "
                         "HuggingFaceTB/SmolLM2-135M-Instruct, or leave the flag out to keep the recorded one")
@@ -429,7 +429,8 @@ VERBS: dict[str, Callable[[argparse.Namespace], None]] = {
     "bench": _bench,
     "doctor": _doctor,
     "serve-check": _serve_check,
-    "init": lambda a: (capture_layers(a), target(a, weights=True), draft_folder(a.dst, a.force, a.target)),
+    "init": lambda a: (capture_layers(a), target(a, weights=True), verifier_name(a.verifier_name),
+                       draft_folder(a.dst, a.force, a.target)),
     "convert": lambda a: (existing(a.src, "SRC"), verifier_name(a.verifier_name),
                           draft_folder(a.dst, a.force, a.target)),
 }
