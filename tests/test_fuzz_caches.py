@@ -1,6 +1,7 @@
 """Other trainers' feature caches, fuzzed like every other input: a SpecForge `.ckpt` or a speculators
 `hs_i.safetensors` with one thing wrong (NaN or Inf in the states, ids outside the vocabulary or float,
-a key missing, a width or length that disagrees, the file cut short) is refused by `eyas eval --data`
+a key missing, a width or length that disagrees, the file cut short, a bit flipped in a stored tensor)
+is refused by `eyas eval --data`
 with exit 2 and one `error:` line naming the cache, no traceback, nothing written, the cache untouched;
 a mutation that leaves a valid cache is evaluated (exit 0).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,19 @@ def _truncate(path: Path, data) -> None:
     path.write_bytes(raw[: data.draw(st.integers(0, len(raw) - 1))])
 
 
+def _flip_a_stored_bit(path: Path, data) -> None:
+    """One bit of a tensor's bytes flipped inside the zip (torch.load does not check the members' CRC-32s)."""
+    with zipfile.ZipFile(path) as archive:
+        members = [i for i in archive.infolist() if "/data/" in i.filename and i.file_size]
+    info = data.draw(st.sampled_from(members))
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = (int.from_bytes(raw[info.header_offset + o: info.header_offset + o + 2], "little")
+                           for o in (26, 28))  # the local header's name and extra-field lengths
+    at = info.header_offset + 30 + name_len + extra_len + data.draw(st.integers(0, info.file_size - 1))
+    raw[at] ^= 1 << data.draw(st.integers(0, 7))
+    path.write_bytes(bytes(raw))
+
+
 def _run_case(folder: Path, case: Path, draft: Path, capsys, must: bool) -> None:
     before = _digest(case)
     out = case.parent / "plot.png"
@@ -115,6 +130,9 @@ def test_mutated_specforge_files_are_refused_cleanly(caches, data, capsys, tmp_p
     rec, kind, must = data.draw(record_mutation(record, "input_ids", ("aux_hidden_state", "hidden_state")))
     if kind == "truncate":
         _truncate(target, data)
+    elif data.draw(st.booleans(), label="flip a bit instead"):
+        must = True
+        _flip_a_stored_bit(target, data)
     else:
         torch.save(rec, target)
     _run_case(folder, case, draft, capsys, must)

@@ -13,6 +13,7 @@ import gzip
 import io
 import pickle
 import re
+import zipfile
 from abc import abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,8 +43,27 @@ def _load(source: Path | io.BytesIO, mmap: bool) -> Any:
     return torch.load(source, weights_only=True, map_location="cpu", mmap=mmap)
 
 
+def _intact(path: Path) -> None:
+    """torch.load reads a zip's members without checking their CRC-32s, so a flipped bit in a sample
+    changes the figures silently; zipfile checks them (one more read of the file, from the page cache
+    when torch.load maps it next). A .gz is checked by gzip itself."""
+    if not zipfile.is_zipfile(path):  # the legacy (pre-zip) torch.save format carries no checksums
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return  # torch.load names what is wrong with it
+    if bad is not None:
+        raise FormatError(f"{path}: corrupted: its member {bad} fails its CRC-32 check",
+                          "copy the file again from where it was written, or write it again")
+
+
 def load_record(path: Path, fmt: str) -> dict[str, Any]:
-    """One `torch.save` file as a dict, loaded with weights_only=True (mmap when it can be)."""
+    """One `torch.save` file as a dict, loaded with weights_only=True (mmap when it can be), its
+    checksums verified first."""
+    if not path.name.endswith(".gz"):
+        _intact(path)
     try:
         if path.name.endswith(".gz"):
             with gzip.open(path, "rb") as f:
