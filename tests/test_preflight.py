@@ -20,6 +20,8 @@ import torch
 from safetensors.torch import save_file
 from test_data import LAYERS, PROMPTS, save_tiny_target
 
+import cache_writers
+
 import eyas.data.textfile as textfile
 from eyas.cli import build_parser, main, preflight
 
@@ -245,6 +247,22 @@ def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
             "holds folders (shards)")
     refused(capsys, ["convert", d, "", "--format", "eagle"], "DST is an empty path")
     assert (tmp_path / "work" / "shards").is_dir()
+
+
+def test_no_output_lands_inside_a_feature_cache(world, tmp_path, capsys, no_loading):
+    """A feature cache is read by listing its folder: a new file there (a plot named like a sample) would
+    be read as one, so an output inside it is refused even where nothing exists yet."""
+    t, d = world["target"], world["draft"]
+    H, T = json.loads((t / "config.json").read_text())["hidden_size"], 6
+    cache = tmp_path / "specforge"
+    cache_writers.write_specforge_records(cache, [{
+        "input_ids": torch.arange(T), "loss_mask": torch.ones(T, dtype=torch.long),
+        "aux_hidden_state": torch.randn(1, T, 3 * H), "hidden_state": torch.randn(1, T, H)}])
+    before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    refused(capsys, ["eval", d, "--data", cache, "--plot", cache / "rows_0-2000" / "data_9.ckpt", "--target", t],
+            "data_9.ckpt (--plot) is inside", "(--data)")
+    refused(capsys, ["train", "--data", cache, "--out", cache / "run", "--target", t], "(--out) is inside", "(--data")
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
 
 
 def test_no_output_overwrites_the_embedded_default_or_the_shipped_draft(world, tmp_path, capsys, no_loading,

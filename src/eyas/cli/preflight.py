@@ -273,10 +273,15 @@ def _on_disk(name: str, given: str | Path | None, target: str | Path | None) -> 
     return given
 
 
+_LISTED = ("--data", "--features")  # inputs read by listing their folder: a feature cache
+
+
 def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None], *, holds: bool = False) -> None:
     """An output is none of the verb's inputs, nor anything already inside one (a plot over the draft's
     weights, a capture into the target's folder); with `holds` (a folder --force replaces) it holds
-    none either. A new file or folder beside an input's files changes none of them."""
+    none either. A new file or folder beside an input's files changes none of them, except in a
+    feature cache (`_LISTED`), whose reader takes what it finds there (a plot named data_9.ckpt
+    became a SpecForge sample)."""
     if out is None:
         return
     o = Path(out).resolve()
@@ -285,8 +290,9 @@ def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None
         if given is None or not Path(given).exists():  # a named prompt set
             continue
         i = _region(given)
+        listed = name.split()[0] in _LISTED and i.is_dir()
         how = ("is" if o == i else "is already inside" if i in o.parents and o.exists()
-               else "holds" if holds and o in i.parents else None)
+               else "is inside" if i in o.parents and listed else "holds" if holds and o in i.parents else None)
         if how is not None:
             raise EyasError(f"{out} ({flag}) {how} {given} ({name}): writing it would change an input",
                             f"choose a {flag} outside the verb's inputs")
