@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from eyas.data.prompts import _json_array_items
 from eyas.data.shards import text_sha256
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.shift import shift_for_draft
-from eyas.target import Target
+from eyas.target import Target, TargetRef
 
 WORDS = "hello world how are you today tell me a story about the cat dog sun moon why is sky blue".split()
 SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "system"]
@@ -338,6 +339,21 @@ def test_open_shards_refuses_another_target_or_other_layers(captured, target):
         open_shards(captured, expect_target="other/model")
     with pytest.raises(ContractError, match=r"captured at layers \[1, 2, 4\], the draft reads \[2, 3, 4\]"):
         open_shards(captured, expect_capture_layers=[2, 3, 4])
+
+
+def test_a_copied_or_moved_target_is_taken_as_the_same_with_a_warning(captured, target, tmp_path):
+    """A target named by its folder is recorded as its path: a copy elsewhere (the judging machine's
+    head-only folder) with every recorded dimension equal is accepted with a warning; other dimensions
+    are refused as another target."""
+    copy = tmp_path / "copy"
+    shutil.copytree(target.path, copy)
+    with pytest.warns(UserWarning, match=r"captured from the target at .*tiny-target.*, given .*copy: the same "
+                                         r"dimensions \(4 layers, hidden 32, vocab 48\), taken as the same model"):
+        open_shards(captured, expect_target=TargetRef.resolve(copy, weights=False))
+    cfg = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 1}))
+    with pytest.raises(ContractError, match=r"captured from target '.*tiny-target.*', not '.*copy'"):
+        open_shards(captured, expect_target=TargetRef.resolve(copy, weights=False))
 
 
 def test_open_shards_refuses_eval_prompts_for_training(tmp_path, target):

@@ -331,7 +331,7 @@ def evaluate(
         cache = open_cache(data, format=data_format, num_layers=ref.num_layers)
         info = cache.info
         if info.format == "eyas":  # a capture from another target is refused
-            check_target(cache.data.manifest, info.path / MANIFEST, ref.name)
+            check_target(cache.data.manifest, info.path / MANIFEST, ref)
         check_cache_fits(info, ref.hidden_size, ref.name)
         _check_layers(info, tuple(layers), config)
         _specforge_note(info, config)

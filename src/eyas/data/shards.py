@@ -37,7 +37,7 @@ from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, FormatError
 
 if TYPE_CHECKING:
-    from eyas.target import Target
+    from eyas.target import Target, TargetRef
 
 FORMAT = "eyas-capture"
 FORMAT_VERSION = 2  # 2: greedy answers are recorded as temperature 0 (1 recorded the unused 1.0); 1 is read
@@ -202,20 +202,36 @@ class CapturedData:
                        "prompt_index": int(t["prompt_index"][i])}
 
 
-def check_target(manifest: dict, where: Path, want: str) -> None:
-    """A capture from another target is refused, naming both."""
-    if manifest["target"]["name"] != want:
-        raise ContractError(
-            f"{where}: captured from target {manifest['target']['name']!r}, not {want!r}",
-            "capture features with the target you train/evaluate against",
-        )
+_DIMS = ("num_layers", "hidden_size", "vocab_size")  # what a manifest records of its target besides the name
+
+
+def check_target(manifest: dict, where: Path, want: str | Any) -> None:
+    """A capture from another target is refused, naming both. `want`: the target (a Target or TargetRef)
+    or its name. A target named by its folder is recorded as that folder's absolute path, which a copy
+    or a move changes (a judging machine that holds only the head, as the README's 671B walk-through
+    does): where both names are folders and every dimension recorded matches the target given, a
+    warning says that eyas takes them as one model instead of refusing."""
+    got, name = manifest["target"], getattr(want, "name", want)
+    if got["name"] == name:
+        return
+    dims = {k: getattr(want, k, None) for k in _DIMS}
+    if Path(got["name"]).is_absolute() and Path(name).is_absolute() and dims == {k: got.get(k) for k in _DIMS}:
+        warnings.warn(f"{where}: captured from the target at {got['name']}, given {name}: the same dimensions "
+                      f"({dims['num_layers']} layers, hidden {dims['hidden_size']}, vocab {dims['vocab_size']}), "
+                      "taken as the same model, copied or moved (eyas records no digest of its weights)",
+                      stacklevel=2)
+        return
+    raise ContractError(
+        f"{where}: captured from target {got['name']!r}, not {name!r}",
+        "capture features with the target you train/evaluate against",
+    )
 
 
 def open_shards(
     folder: str | Path,
     *,
     expect_capture_layers: Sequence[int] | None = None,
-    expect_target: str | Target | None = None,
+    expect_target: str | Target | TargetRef | None = None,
     for_training: bool = False,
 ) -> CapturedData:
     """Open a capture folder after checking its manifest; broken shards are named and skipped.
@@ -229,7 +245,7 @@ def open_shards(
     manifest = read_manifest(folder)
     where = folder / MANIFEST
     if expect_target is not None:
-        check_target(manifest, where, getattr(expect_target, "name", expect_target))
+        check_target(manifest, where, expect_target)
     if expect_capture_layers is not None and list(expect_capture_layers) != manifest["capture_layers"]:
         raise ContractError(
             f"{where}: captured at layers {manifest['capture_layers']}, the draft reads {list(expect_capture_layers)}",

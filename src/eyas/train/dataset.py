@@ -16,7 +16,7 @@ from torch import Tensor
 from eyas.data import CapturedData, open_shards
 from eyas.errors import ContractError, EyasError
 from eyas.shift import shift_for_draft
-from eyas.target import target_name
+from eyas.target import TargetRef
 from eyas.train.config import TrainConfig, data_folders
 
 
@@ -36,7 +36,8 @@ class TrainingData:
 def load_training_data(config: TrainConfig, *, expect_capture_layers: list[int] | None = None) -> TrainingData:
     """Open `config.data` for training: refused when captured from another target, from the held-out
     evaluation prompts, or (`expect_capture_layers`, when resuming) at other layers than the draft's."""
-    captures = [open_shards(f, for_training=True, expect_target=target_name(config.target),
+    target = TargetRef.resolve(config.target, weights=False)
+    captures = [open_shards(f, for_training=True, expect_target=target,
                             expect_capture_layers=expect_capture_layers) for f in data_folders(config)]
     refuse_repeats(captures)
     capture_layers = same_capture_layers(captures)
