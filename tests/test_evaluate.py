@@ -410,3 +410,16 @@ def test_the_chain_token_does_not_depend_on_the_tree_top_k():
         assert torch.equal(scores.gather(-1, top), scores.topk(k, dim=-1).values)  # still the k largest
     assert torch.equal(top_ids(scores, 5), top_ids(scores, 300)[:, :5])
 
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_top_ids_is_the_head_of_a_stable_sort(dtype):
+    """Exactly the first k of the stable descending sort, ties straddling the k-th place or not, without
+    sorting the whole vocabulary; empty rows and k past the vocabulary too."""
+    g = torch.Generator().manual_seed(1)
+    for scores in (torch.randint(0, 3, (50, 200), generator=g), torch.randn(3, 7, 500, generator=g),
+                   torch.zeros(4, 30), torch.randn(0, 9, generator=g)):
+        scores = scores.to(dtype)
+        for k in (1, 2, 7, 30, 600):
+            want = scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+            assert torch.equal(top_ids(scores, k), want), (scores.shape, k)
+
