@@ -666,7 +666,8 @@ def test_the_doctor_measures_a_cache_on_its_first_samples(healthy, target_dir, a
             dtype="float32", progress=False)
     rep = diagnose(healthy, target=target_dir, features=deeper, limit=6, max_new_tokens=20, progress=False)
     first = rep["findings"][0]
-    assert (first["fault"], first["source"]) == ("capture_layers", "engine dump"), format_report(rep)
+    assert (first["fault"], first["source"]) == ("capture_layers", "feature cache"), format_report(rep)
+    assert first["evidence"].startswith("feature cache: ")
     assert [c["layer"] for c in rep["dump"]["chunks"]] == [k + 1 for k in LAYERS]
 
 

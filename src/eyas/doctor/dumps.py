@@ -122,14 +122,15 @@ def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, fin
 
 
 def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, final: Wiring, before: Outcome | None,
-                  after: Outcome, ckpt: Checkpoint) -> list[dict[str, Any]]:
+                  after: Outcome, ckpt: Checkpoint, source: str = "engine dump") -> list[dict[str, Any]]:
     """What the engine got wrong, by comparing each chunk with what a correct engine feeds this draft:
-    the raw residual stream at the draft's layers, in order, at the same position."""
+    the raw residual stream at the draft's layers, in order, at the same position. `source`: what the
+    features came from ("engine dump", or "feature cache": a trainer's engine captured them)."""
     H, want = m.H, final.layers
     seen = "; ".join(chunk_text(c) for c in matches)
 
     def finding(slug: str, title: str, fix: str) -> dict[str, Any]:
-        return make_finding(slug, title, f"engine dump: {seen}", fix, before, after, "engine dump")
+        return make_finding(slug, title, f"{source}: {seen}", fix, before, after, source)
 
     if W != len(want) * H:
         return _width_findings(W, H, want, ckpt, finding)
@@ -184,9 +185,10 @@ def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt:
     measurer holds its one sequence)."""
     sample = m.cap.samples[0]
     matches = match_dump(features, sample, m)
+    source = "engine dump" if fed is None else "feature cache"
     fed = fed or [features]
     on_dump, correct = _dump_outcome(m, final, fed), m.measure(final)
-    findings = dump_findings(matches, features.shape[1], m, final, on_dump, correct, ckpt)
+    findings = dump_findings(matches, features.shape[1], m, final, on_dump, correct, ckpt, source)
     lost = [c for c in matches if not c["identified"]]
     notes = ["dump chunks matching no target state: " + "; ".join(chunk_text(c) for c in lost)
              + " (another target or precision, or tokens not aligned with features)"] if lost else []
