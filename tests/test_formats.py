@@ -826,7 +826,8 @@ def test_a_sliding_window_is_read_said_and_written_back(tmp_path, fmt):
     1065) is the contract's window: warned (eyas attends over everything), told in vLLM's view, and kept
     by every conversion (convert dropped it, saying "contract unchanged"). A window a trainer copied from
     its target with no layer_types, or "full_attention", is full attention."""
-    src = _config_with(tmp_path, "w", fmt, layer_types=["sliding_attention"], sliding_window=16, use_sliding_window=True)
+    src = _config_with(tmp_path, "w", fmt, layer_types=["sliding_attention"], sliding_window=16,
+                       use_sliding_window=True)
     ckpt = read_checkpoint(src)
     assert ckpt.contract.sliding_window == 16
     assert [w["code"] for w in ckpt.warnings if w["code"] == "sliding_window_not_run"] == ["sliding_window_not_run"]

@@ -1,8 +1,9 @@
 """Ctrl-C (SIGINT) and SIGTERM during `eyas capture` and `eyas train` (eyas.interrupt), and during
 any other verb's write.
 
-Each capture and train run is a real `python -m eyas` process on a tiny random target (the convert
-runs in-process, its signal sent from inside its write); the signal is sent once the run is visibly mid-way (a shard or some steps written). The process must exit 130 / 143 with one
+Each capture and train run is a real `python -m eyas` process on a tiny random target, the signal
+sent once the run is visibly mid-way (a shard or some steps written); the convert runs in-process,
+its signal sent from inside its write. The process must exit 130 / 143 with one
 `interrupted by ...` line saying how to resume, no traceback and no temp files, and the resumed
 runs must end exactly where one uninterrupted run ends.
 """

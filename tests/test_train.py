@@ -371,7 +371,11 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(target_dir, captured,
 
 
 def test_refuses_another_targets_shards_before_training(target_dir, captured, tmp_path):
-    other = shutil.copytree(target_dir, tmp_path / "other-target")  # same weights, another identity
+    """Another folder whose recorded dimensions differ (a copy of the same dimensions is taken as the
+    same model, with a warning: tests/test_data.py)."""
+    other = shutil.copytree(target_dir, tmp_path / "other-target")
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 16}))
     with pytest.raises(ContractError, match="captured from target"):
         train(config(captured, tmp_path / "run", other))
     assert not (tmp_path / "run").exists()

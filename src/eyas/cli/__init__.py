@@ -14,8 +14,9 @@ Every command prints one JSON object on stdout under `--json` (logs go to stderr
 1 (`check` found problems, `doctor` found a fault) or 2 (the input cannot be used: one `error:` and
 one `hint:` line, and under `--json` `{"error", "hint", "exit_code"}` on stdout; `EYAS_DEBUG=1`
 shows the traceback instead); SIGINT / SIGTERM exit 130 / 143 with one `interrupted by ...` line
-(eyas.interrupt: capture and train say how to resume, every verb removes what it was writing); a reader of stdout that leaves early (`| head`) ends it
-quietly with 141, as SIGPIPE ends `cat`. `python -m eyas` is the same command.
+(eyas.interrupt: capture and train say how to resume, every verb removes what it was writing); a
+reader of stdout that leaves early (`| head`) ends it quietly with 141, as SIGPIPE ends `cat`.
+`python -m eyas` is the same command.
 """
 
 from __future__ import annotations

@@ -205,12 +205,12 @@ class CapturedData:
 _DIMS = ("num_layers", "hidden_size", "vocab_size")  # what a manifest records of its target besides the name
 
 
-def check_target(manifest: dict, where: Path, want: str | Any) -> None:
-    """A capture from another target is refused, naming both. `want`: the target (a Target or TargetRef)
-    or its name. A target named by its folder is recorded as that folder's absolute path, which a copy
-    or a move changes (a judging machine that holds only the head, as the README's 671B walk-through
-    does): where both names are folders and every dimension recorded matches the target given, a
-    warning says that eyas takes them as one model instead of refusing."""
+def check_target(manifest: dict, where: Path, want: str | Target | TargetRef) -> None:
+    """A capture from another target is refused, naming both. `want`: the target or its name (then
+    compared exactly). A target named by its folder is recorded as that folder's absolute path, which a
+    copy or a move changes (a judging machine that holds only the head, docs/bring-your-draft.md's 671B
+    walk-through): where both names are folders and every dimension recorded matches the target given,
+    a warning says that eyas takes them as one model instead of refusing."""
     got, name = manifest["target"], getattr(want, "name", want)
     if got["name"] == name:
         return

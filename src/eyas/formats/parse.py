@@ -105,16 +105,17 @@ _ATTENTION_KINDS = ("full_attention", "sliding_attention")
 
 def _read_window(p: Parsed, src: dict, where: str) -> None:
     """The draft layer's attention window (contract `sliding_window`). `layer_types` decides, as in vLLM
-    0.32's Llama layer (models/llama.py, a draft's own index into it): "sliding_attention" attends over the
-    last `sliding_window` tokens. Without `layer_types` every layer attends over the whole context, whatever `sliding_window`
-    a trainer copied from its target beside `use_sliding_window: false`."""
+    0.32's Llama layer (models/llama.py, a draft's own index into it): "sliding_attention" attends over
+    the last `sliding_window` tokens. Without `layer_types` every layer attends over the whole context,
+    whatever `sliding_window` a trainer copied from its target beside `use_sliding_window: false`."""
     kinds = src.get("layer_types")
     if kinds is None:
         p.set("sliding_window", None, f"full attention ({where}layer_types not in {p.file})")
         return
     kinds = texts(p.file, where + "layer_types", kinds)
     if len(kinds) < p.fields["num_hidden_layers"]:
-        raise refuse(p.file, where + "layer_types", list(kinds), f"one kind per layer ({p.fields['num_hidden_layers']})")
+        raise refuse(p.file, where + "layer_types", list(kinds),
+                     f"one kind per layer ({p.fields['num_hidden_layers']})")
     other = sorted(set(kinds) - set(_ATTENTION_KINDS))
     if other or len(set(kinds)) > 1:
         p.unrunnable.append(f"attention kinds {list(kinds)} ({where}layer_types; eyas runs one of "

@@ -30,10 +30,10 @@ def check_destination(dst: str | Path, force: bool) -> None:
     dst = Path(dst)
     if dst.exists() and not dst.is_dir():
         raise FormatError(f"{dst}: exists and is not a folder", "choose a folder path for DST")
-    here = Path.cwd().resolve()
-    if dst.is_dir() and (dst.resolve() == here or dst.resolve() in here.parents):
-        raise FormatError(f"{dst}: is the current folder{'' if dst.resolve() == here else ' or holds it'}: the draft "
-                          "is written as a new folder in its place, which would leave the shell in a deleted one",
+    here, where = Path.cwd().resolve(), dst.resolve()
+    if dst.is_dir() and (where == here or where in here.parents):
+        raise FormatError(f"{dst}: is the current folder{'' if where == here else ' or holds it'}: the draft is "
+                          "written as a new folder in its place, which would leave the shell in a deleted one",
                           "give DST as a folder below the current one (e.g. ./draft), or run from elsewhere")
     if dst.is_dir() and any(dst.iterdir()):
         if not force:
