@@ -22,7 +22,7 @@ def top_ids(scores: Tensor, k: int) -> Tensor:
     chain's first token would change with the tree's top-k.
 
     The first k of a stable descending sort, without sorting the vocabulary (that took 6x the head's
-    own product over a 32000-token draft vocab): the top m scores, m past the k-th place and every
+    own product over a 32000-token draft vocab, bf16 on a 2-core AMX Xeon): the top m scores, m past the k-th place and every
     score tied with it (k + 1 unless ties straddle it, then doubled until none does), taken in id
     order, then sorted stably by score."""
     V = scores.shape[-1]

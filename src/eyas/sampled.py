@@ -63,7 +63,7 @@ def acceptance_probs(p: Tensor, q: Tensor, top_k: int) -> Tensor:
     Restricting both to the draft vocabulary is exact: q is 0 outside it, so min(p, q) is 0 there,
     and the argmax and top-k of q lie inside it.
     """
-    top = top_ids(q, min(top_k, q.shape[-1]))  # [..., k]; top[..., 0] = argmax q
+    top = top_ids(q, top_k)  # [..., min(top_k, Vd)]; top[..., 0] = argmax q
     chain = torch.minimum(p, q).sum(-1)
     greedy = p.gather(-1, top[..., :1]).squeeze(-1)
     tree = p.gather(-1, top).sum(-1)

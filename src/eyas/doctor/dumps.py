@@ -122,7 +122,7 @@ def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, fin
 
 
 def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, final: Wiring, before: Outcome | None,
-                  after: Outcome, ckpt: Checkpoint, source: str = "engine dump") -> list[dict[str, Any]]:
+                  after: Outcome, ckpt: Checkpoint, source: str) -> list[dict[str, Any]]:
     """What the engine got wrong, by comparing each chunk with what a correct engine feeds this draft:
     the raw residual stream at the draft's layers, in order, at the same position. `source`: what the
     features came from ("engine dump", or "feature cache": a trainer's engine captured them)."""
