@@ -149,6 +149,10 @@ def test_speculators_cache_reads_as_eyas_captures(target, rows, tmp_path):
     torch.testing.assert_close(norm(samples[0]["last_hidden"]), eyas_capture(target, rows[0][0], ())["last_hidden"])
     full = open_cache(tmp_path / "spec", layer_ids=(2, 4, 5, 8))  # vLLM's whole id list: the last id is the last hidden
     assert full.info.capture_layers == DEFAULT_CAPTURE and "(as given" in full.info.layers_note
+    with pytest.raises(FormatError) as e:  # one row's file alone: its cache is named, not a layer count
+        detect_format(tmp_path / "spec" / "hidden_states" / "hs_0.safetensors")
+    assert f"point at the cache folder: {tmp_path / 'spec'}" == e.value.hint
+    one_line(e, "hs_0.safetensors", "one row of the speculators cache")
 
 
 def test_speculators_missing_rows_are_skipped_and_wrong_tokens_refused(target, rows, tmp_path):

@@ -668,7 +668,8 @@ def test_the_doctor_measures_a_cache_on_its_first_samples(healthy, target_dir, a
     first = rep["findings"][0]
     assert (first["fault"], first["source"]) == ("capture_layers", "feature cache"), format_report(rep)
     assert first["evidence"].startswith("feature cache: ")
-    assert [c["layer"] for c in rep["dump"]["chunks"]] == [k + 1 for k in LAYERS]
+    assert [c["layer"] for c in rep["dump"]["chunks"]] == [k + 1 for k in LAYERS] == rep["cache"]["layers_found"]
+    assert f"the cache's first sample holds capture {[k + 1 for k in LAYERS]}, as recorded" in rep["notes"]
 
 
 def test_dump_reader_takes_vllm_files_and_refuses_others(tmp_path):

@@ -109,7 +109,7 @@ def cache_section(info: CacheInfo) -> dict[str, Any]:
     return {"format": info.format, "path": str(info.path), "layers": info.layers_note,
             "capture_layers": None if info.capture_layers is None else list(info.capture_layers),
             "layers_recorded": info.layers_recorded, "last_hidden": info.last_hidden, "answers": info.answers_note,
-            "samples": info.num_samples}
+            "samples": info.num_samples, "layers_found": None}
 
 
 def cache_notes(info: CacheInfo, at_hand: bool, layers: tuple[int, ...], draft: Path) -> list[str]:
@@ -132,6 +132,21 @@ def cache_notes(info: CacheInfo, at_hand: bool, layers: tuple[int, ...], draft: 
                      f"--features {info.path} --target FULL_TARGET_FOLDER (it matches the cache against the "
                      "target's own states)")
     return notes
+
+
+def layers_found(info: CacheInfo, chunks: list[dict[str, Any]]) -> tuple[list[int] | None, list[str]]:
+    """The layers whose states the cache's first sample holds (None unless every chunk was identified),
+    and a note setting them beside what the reader assumed or read: a finding says what is wrong, this
+    says what is there (normed or shifted states are named by the dump section and the findings)."""
+    if not chunks or not all(c["identified"] for c in chunks):
+        return None, []
+    found = [c["layer"] for c in chunks]
+    assumed = None if info.capture_layers is None else list(info.capture_layers)
+    said = "recorded" if info.layers_recorded else "assumed"
+    exactly = all(c["state"] == "raw" and not c["shift"] for c in chunks)
+    how = "" if exactly else " (not all raw and in place: the dump section says how each was taken)"
+    than = f"as {said}" if found == assumed else f"not the {said} {assumed}"
+    return found, [f"the cache's first sample holds capture {found}, {than}{how}"]
 
 
 def measure_on_cache(drafter: Path, cache: FeatureCache, ref: TargetRef, layer_convention: str | None,

@@ -18,7 +18,8 @@ from torch import Tensor
 from eyas.check import CheckReport, check_checkpoint, consumers
 from eyas.codes import slug_of, text_of
 from eyas.contract import DEFAULT_ROPE_THETA
-from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, has_model, measure_on_cache, open_for
+from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, has_model, layers_found, measure_on_cache, \
+    open_for
 from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, collect, collect_from
 from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
 from eyas.data.dumps import read_dump
@@ -281,6 +282,9 @@ def diagnose(
             dump_findings, report["dump"], dump_notes = _dump(m, cap, feed, dump, final, Path(features), ckpt)
             findings += dump_findings
             report["notes"] += dump_notes
+            if feed is not None:
+                report["cache"]["layers_found"], found_notes = layers_found(feed.cache.info, report["dump"]["chunks"])
+                report["notes"] += found_notes
         report["seconds"].update(capture=round(cap.seconds, 1),
                                  measure=round(time.perf_counter() - t1 - (cap.seconds - answered), 1))
     join_problems(findings, rep)

@@ -49,6 +49,7 @@ def _detect_file(path: Path) -> str:
     if name.endswith(specforge.SUFFIXES):
         return specforge.FORMAT
     if name.endswith(".safetensors"):
+        _refuse_one_row(path)
         keys = set(safetensors_shapes(path, formats_hint()))
         if {"input_ids", "features"} <= keys or {"token_ids", "hidden_states"} <= keys:
             return native.DUMP
@@ -57,6 +58,16 @@ def _detect_file(path: Path) -> str:
     if name.endswith(".pt"):
         return _detect_pt(path)
     raise FormatError(f"{path}: a file eyas does not read as a feature cache", formats_hint())
+
+
+def _refuse_one_row(path: Path) -> None:
+    """A speculators row's file has an engine dump's keys, but its last slot is the target's last hidden
+    state and its loss mask lives in the Arrow rows beside it: read alone it would be refused for its
+    layer count, so name the cache it belongs to instead."""
+    cache = path.parent.parent
+    if path.parent.name == speculators.HS_DIR and speculators.is_cache(cache):
+        raise FormatError(f"{path}: one row of the speculators cache {cache}, not a cache of its own",
+                          f"point at the cache folder: {cache}")
 
 
 def _detect_pt(path: Path) -> str:
