@@ -23,7 +23,7 @@ import eyas.decode.packed as packed_module
 import eyas.devices as devices
 from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.data.prompts import _json_array_items
-from eyas.data.shards import text_sha256
+from eyas.data.shards import MANIFEST, NORM_DIGEST, text_sha256
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.shift import shift_for_draft
 from eyas.target import Target, TargetRef
@@ -341,19 +341,64 @@ def test_open_shards_refuses_another_target_or_other_layers(captured, target):
         open_shards(captured, expect_capture_layers=[2, 3, 4])
 
 
-def test_a_copied_or_moved_target_is_taken_as_the_same_with_a_warning(captured, target, tmp_path):
-    """A target named by its folder is recorded as its path: a copy elsewhere (the judging machine's
-    head-only folder) with every recorded dimension equal is accepted with a warning; other dimensions
-    are refused as another target."""
+def _scale_final_norm(folder: Path) -> None:
+    """The same model with other weights where the digest looks: its final norm scaled."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    t = load_file(weights)
+    t["model.norm.weight"] = t["model.norm.weight"] * 1.5
+    save_file(t, str(weights), metadata={"format": "pt"})
+
+
+def test_a_copied_target_is_known_by_the_digest_of_its_weights(captured, target, tmp_path):
+    """A target named by its folder is recorded as its path and the digest of its final norm: a copy
+    elsewhere (the judging machine's head-only folder) holding the same weights is accepted as it is;
+    other weights of the same dimensions are refused, naming both digests; where the weights are not
+    there to compare (a config alone), a copy with every recorded dimension equal is accepted with a
+    warning, and other dimensions are refused as another target."""
+    manifest = json.loads((captured / MANIFEST).read_text())
+    assert manifest[NORM_DIGEST] == TargetRef.resolve(target.path).norm_digest()
     copy = tmp_path / "copy"
     shutil.copytree(target.path, copy)
-    with pytest.warns(UserWarning, match=r"captured from the target at .*tiny-target.*, given .*copy: the same "
-                                         r"dimensions \(4 layers, hidden 32, vocab 48\), taken as the same model"):
-        open_shards(captured, expect_target=TargetRef.resolve(copy, weights=False))
-    cfg = json.loads((copy / "config.json").read_text())
-    (copy / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 1}))
-    with pytest.raises(ContractError, match=r"captured from target '.*tiny-target.*', not '.*copy'"):
-        open_shards(captured, expect_target=TargetRef.resolve(copy, weights=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same weights: nothing to warn of
+        open_shards(captured, expect_target=TargetRef.resolve(copy))
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(copy / "config.json", config_only / "config.json")
+    with pytest.warns(UserWarning, match=r"captured from the target at .*tiny-target.*, given .*config-only: the "
+                                         r"same dimensions \(4 layers, hidden 32, vocab 48\), taken as the same model"):
+        open_shards(captured, expect_target=TargetRef.resolve(config_only, weights=False))
+    _scale_final_norm(copy)
+    with pytest.raises(ContractError, match=rf"not '.*copy' \(its final norm's digest is \w+, the capture's "
+                                            rf"{manifest[NORM_DIGEST]}\)"):
+        open_shards(captured, expect_target=TargetRef.resolve(copy))
+    cfg = json.loads((config_only / "config.json").read_text())
+    (config_only / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 1}))
+    with pytest.raises(ContractError, match=r"captured from target '.*tiny-target.*', not '.*config-only'$"):
+        open_shards(captured, expect_target=TargetRef.resolve(config_only, weights=False))
+
+
+def test_a_target_whose_weights_changed_in_place_is_refused(target, tmp_path):
+    """The same folder fine-tuned or replaced after a capture: reading the capture against it, and
+    resuming it, are refused (resuming would mix two models' shards in one capture); a capture from
+    before digests were recorded reads and resumes as before."""
+    folder = shutil.copytree(target.path, tmp_path / "target")
+    out = tmp_path / "out"
+    run_capture(Target.load(folder), out, prompts=PROMPTS[:2])
+    _scale_final_norm(folder)
+    changed = Target.load(folder)
+    with pytest.raises(ContractError, match=r"captured from .*target when its final norm's digest was \w+; it is "
+                                            r"\w+ now: the weights there changed since"):
+        open_shards(out, expect_target=changed)
+    with pytest.raises(ContractError, match="the weights there changed since"):
+        run_capture(changed, out, prompts=PROMPTS[:2])  # the same capture, resumed
+    manifest = json.loads((out / MANIFEST).read_text())
+    del manifest[NORM_DIGEST]
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    assert run_capture(changed, out, prompts=PROMPTS[:2])["complete"]
+    assert len(open_shards(out, expect_target=changed)) == 2
 
 
 def test_open_shards_refuses_eval_prompts_for_training(tmp_path, target):

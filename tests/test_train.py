@@ -371,8 +371,8 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(target_dir, captured,
 
 
 def test_refuses_another_targets_shards_before_training(target_dir, captured, tmp_path):
-    """Another folder whose recorded dimensions differ (a copy of the same dimensions is taken as the
-    same model, with a warning: tests/test_data.py)."""
+    """Another folder whose recorded dimensions differ (a copy is known by the digest of its weights:
+    tests/test_data.py)."""
     other = shutil.copytree(target_dir, tmp_path / "other-target")
     cfg = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 16}))

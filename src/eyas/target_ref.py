@@ -15,6 +15,7 @@ config file under any name is enough.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import weakref
 from collections.abc import Iterable
@@ -73,6 +74,8 @@ class TargetRef:
     # asked again, they are not read again; held weakly, so the ref keeps nothing alive
     _alive: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, compare=False,
                                                 repr=False)
+    # the final norm once read, held (H numbers): the digest reads it first and the head again after
+    _norm: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, spec: str | Path | TargetRef | None = None, *, weights: bool = True,
@@ -173,6 +176,17 @@ class TargetRef:
         norm = self.tensors(["norm.weight"], device=self.device)["norm.weight"]
         eps = float(self.text_config.get("rms_norm_eps") or 1e-6)
         return TargetHead(lm_head, norm, eps)
+
+    def norm_digest(self) -> str | None:
+        """A fingerprint of these weights for a capture to record: the SHA-256 of the final norm rounded to
+        bf16 (H numbers, one read from the one shard that holds them). A fine-tune or another checkpoint
+        of the same shape changes it; a copy, a move or another load precision does not. None where the
+        weights are not here or hold no final norm under Llama's name."""
+        try:
+            norm = self._norm.setdefault("norm.weight", self.tensors(["norm.weight"])["norm.weight"])
+        except FormatError:
+            return None
+        return hashlib.sha256(norm.to(torch.bfloat16).view(torch.int16).numpy().tobytes()).hexdigest()[:16]
 
     def tied_embeddings(self) -> bool:
         """lm_head shares embed_tokens: as config.json says, else when the weights hold no lm_head.

@@ -33,6 +33,7 @@ from eyas.data.shards import (
     shard_name,
     shard_problem,
     start_manifest,
+    target_digest,
     text_sha256,
     write_shard,
 )
@@ -115,7 +116,8 @@ def capture(
     plan = _plan(target, prompts, layers, dtype, shard_size, max_new_tokens, limit, skip_long,
                  generation_settings(do_sample, temperature, top_p, top_k, seed))
     fresh, made = not (out_dir / MANIFEST).exists(), make_folders(out_dir)
-    manifest = start_manifest(out_dir, plan, skipped)  # refuses a folder holding another capture
+    # refuses a folder holding another capture, or this one's target with other weights
+    manifest = start_manifest(out_dir, plan, skipped, target_digest(target))
 
     shards = {e["index"]: e for e in manifest["shards"]}
     todo = [k for k in range(-(-len(prompts) // shard_size)) if k not in shards]

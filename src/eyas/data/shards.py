@@ -2,7 +2,8 @@
 
 On disk (`out_dir/`):
     manifest.json                 what was captured (target, capture layers, dtype, prompts,
-                                  generation settings), counts, and the list of finished shards
+                                  generation settings), counts, the list of finished shards, and
+                                  the digest of the target's final norm (its weights' identity)
     shard_00000.safetensors ...   samples concatenated along the token axis:
         input_ids    [N] int64
         loss_mask    [N] bool           True on response tokens (incl. the end-of-turn token)
@@ -35,13 +36,15 @@ from eyas.atomic import remove_empty, temp_file, write_json
 from eyas.data.values import check_ids, check_tensors
 from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, FormatError
+from eyas.target_ref import TargetRef
 
 if TYPE_CHECKING:
-    from eyas.target import Target, TargetRef
+    from eyas.target import Target
 
 FORMAT = "eyas-capture"
 FORMAT_VERSION = 2  # 2: greedy answers are recorded as temperature 0 (1 recorded the unused 1.0); 1 is read
 MANIFEST = "manifest.json"
+NORM_DIGEST = "target_norm_sha256"  # TargetRef.norm_digest of the weights captured from (recorded from 2026-12-06)
 KEYS = ("index", "samples", "tokens", "loss_tokens")  # the integers of a manifest's shard entry
 _SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -76,11 +79,13 @@ def _upgrade(manifest: dict) -> dict:
     return upgraded
 
 
-def start_manifest(out_dir: Path, plan: dict, skipped: list) -> dict:
+def start_manifest(out_dir: Path, plan: dict, skipped: list, norm_digest: str | None = None) -> dict:
     """The manifest of `out_dir`: a new one for `plan`, or the existing one when it has the same plan.
 
     A folder holding another capture is refused, naming every key that differs: shards made under
-    one plan must never be mixed with another's.
+    one plan must never be mixed with another's. `norm_digest` (`TargetRef.norm_digest`) is recorded
+    beside the plan, not in it (captures from before it was recorded resume): a capture resumed with
+    other weights under the same name is refused too.
     """
     fingerprint = text_sha256(json.dumps(plan, sort_keys=True))[:16]
     path = out_dir / MANIFEST
@@ -93,10 +98,13 @@ def start_manifest(out_dir: Path, plan: dict, skipped: list) -> dict:
                 f"{path} describes a different capture ({changes})",
                 "rerun with the same arguments to resume, or capture into a new folder",
             )
+        _same_weights(old, path, plan["target"]["name"], norm_digest)
         return old
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {**plan, "fingerprint": fingerprint, "eyas_version": _eyas_version(), "skipped_prompts": skipped,
                 "shards": [], "num_samples": 0, "num_tokens": 0, "num_loss_tokens": 0, "complete": False}
+    if norm_digest is not None:
+        manifest[NORM_DIGEST] = norm_digest
     write_json(path, manifest)
     return manifest
 
@@ -205,24 +213,49 @@ class CapturedData:
 _DIMS = ("num_layers", "hidden_size", "vocab_size")  # what a manifest records of its target besides the name
 
 
+def target_digest(want: str | Target | TargetRef) -> str | None:
+    """The digest of the weights `want` names (None for a bare name, or weights without a final norm)."""
+    if isinstance(want, str):
+        return None
+    return (want if isinstance(want, TargetRef) else TargetRef.resolve(want.path)).norm_digest()
+
+
+def _same_weights(manifest: dict, where: Path, name: str, now: str | None) -> None:
+    """Refuse a target of the capture's name whose weights are not those captured from (a folder
+    fine-tuned or replaced in place): where the manifest records a digest and the weights are here."""
+    then = manifest.get(NORM_DIGEST)
+    if then is not None and now is not None and now != then:
+        raise ContractError(f"{where}: captured from {name} when its final norm's digest was {then}; it is {now} "
+                            "now: the weights there changed since",
+                            "capture again from the target as it is now, or restore the weights it was captured from")
+
+
 def check_target(manifest: dict, where: Path, want: str | Target | TargetRef) -> None:
     """A capture from another target is refused, naming both. `want`: the target or its name (then
-    compared exactly). A target named by its folder is recorded as that folder's absolute path, which a
-    copy or a move changes (a judging machine that holds only the head, docs/bring-your-draft.md's 671B
-    walk-through): where both names are folders and every dimension recorded matches the target given,
-    a warning says that eyas takes them as one model instead of refusing."""
+    compared by name alone). Where the manifest records the digest of the target's weights
+    (`TargetRef.norm_digest`) and the target given has its final norm here, the digests decide: a copy
+    or a move under another name (a judging machine that holds only the head, docs/bring-your-draft.md's
+    671B walk-through) is accepted, and the same name holding other weights is refused. Without a digest,
+    a folder's copy (both names absolute paths, every dimension recorded equal) is accepted with a
+    warning that eyas takes them as one model."""
     got, name = manifest["target"], getattr(want, "name", want)
+    then = manifest.get(NORM_DIGEST)
+    now = target_digest(want) if then is not None else None
     if got["name"] == name:
-        return
+        return _same_weights(manifest, where, name, now)
     dims = {k: getattr(want, k, None) for k in _DIMS}
-    if Path(got["name"]).is_absolute() and Path(name).is_absolute() and dims == {k: got.get(k) for k in _DIMS}:
-        warnings.warn(f"{where}: captured from the target at {got['name']}, given {name}: the same dimensions "
-                      f"({dims['num_layers']} layers, hidden {dims['hidden_size']}, vocab {dims['vocab_size']}), "
-                      "taken as the same model, copied or moved (eyas records no digest of its weights)",
-                      stacklevel=2)
-        return
+    if dims == {k: got.get(k) for k in _DIMS}:
+        if now is not None and now == then:
+            return None
+        if now is None and Path(got["name"]).is_absolute() and Path(name).is_absolute():
+            warnings.warn(f"{where}: captured from the target at {got['name']}, given {name}: the same dimensions "
+                          f"({dims['num_layers']} layers, hidden {dims['hidden_size']}, vocab {dims['vocab_size']}), "
+                          "taken as the same model, copied or moved (the capture records no digest of its weights, "
+                          "or they are not here to compare)", stacklevel=2)
+            return None
+    other = f" (its final norm's digest is {now}, the capture's {then})" if now is not None else ""
     raise ContractError(
-        f"{where}: captured from target {got['name']!r}, not {name!r}",
+        f"{where}: captured from target {got['name']!r}, not {name!r}{other}",
         "capture features with the target you train/evaluate against",
     )
 
@@ -372,6 +405,8 @@ def manifest_problem(m: dict) -> str | None:
     again = next((f for i, f in enumerate(files) if f in files[:i]), None)
     if again is not None:  # its samples would be read twice, and could sit on both sides of a held-out split
         return f"field 'shards' lists {again} twice"
+    if not isinstance(m.get(NORM_DIGEST, ""), str):
+        return f"field {NORM_DIGEST!r} is {m[NORM_DIGEST]!r}, expected the digest eyas recorded (text)"
     if not isinstance(m.get("skipped_prompts"), list):
         return "field 'skipped_prompts' is not a list"
     return None
