@@ -166,6 +166,17 @@ def four_layers(fmt: str):
     return make
 
 
+def sliding_window(size: int):
+    """The shipped draft's layer declared to attend over its last `size` positions, as the published
+    speculators config of speculators issue 1065 declares 2048 (`layer_types` ["sliding_attention"])."""
+    def make(d: Path) -> Path:
+        def edit(cfg):
+            cfg["transformer_layer_config"].update(layer_types=["sliding_attention"], sliding_window=size,
+                                                   use_sliding_window=True)
+        return _edit(_export(d, "speculators"), edit)
+    return make
+
+
 VARIANTS = {
     "healthy": None,  # the shipped folder itself
     "a_config_json_disagrees": config_json_disagrees,
@@ -187,6 +198,7 @@ VARIANTS = {
     "shared_lm_head": shared_lm_head("eagle"),
     "four_layers_speculators": four_layers("speculators"),
     "four_layers_eagle": four_layers("eagle"),
+    "sliding_window_4": sliding_window(4),  # every context served here is longer: the window cuts it
 }
 
 

@@ -302,7 +302,7 @@ SCENARIOS = {  # scenario: the codes it must produce
     shared_lm_head: {"lm_head_shared", "consumer_lm_head_unloaded"},
     parse_published_quirks: {
         "layer_type_unknown", "dtype_conflict", "tie_word_embeddings", "consumer_ties_lm_head", "draft_not_runnable",
-        "embed_scale_ignored", "sliding_window_not_run",
+        "embed_scale_ignored",
     },
     parse_config_alone: {"tensors_not_checked"},
     tensors_wrong: {

@@ -32,6 +32,7 @@ from eyas.decode import (
     draw,
     generate,
     keep_accepted_kv,
+    propose_chain,
     propose_tree,
     verify,
     warp_probs,
@@ -329,6 +330,32 @@ def test_propose_tree_shape(big):
             kids = tree.tokens[tree.children(i)].tolist()
             assert len(kids) == len(set(kids)) <= top_k
         assert tree.is_chain == (top_k == 1 or depth == 1 and budget == 1)
+
+
+def test_a_one_wide_tree_drafts_the_chain_within_a_sliding_window(big):
+    """A tree of top_k 1 is a chain: with a draft that attends over its last 3 positions, the tree's
+    ancestor mask keeps the same window as the chain's causal one (prompt 12 tokens, so the window
+    cuts the context; depth 5, so it cuts the tree's own ancestors too)."""
+    contract = tiny_contract(sliding_window=3)
+    drafter = random_drafter(big, contract)
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(5))
+    features = big.forward(prompt, contract.capture_layers).features
+    nxt = torch.cat([prompt[:, 1:], prompt[:, :1]], 1)
+    drafts = []
+    vocab_map, forward, seen = drafter.t2d.nonzero().squeeze(1), drafter.forward, []
+
+    def spy(*args, **kwargs):  # every draft step's logits, not just its argmax
+        out = forward(*args, **kwargs)
+        seen[-1].append(out[0][0, -1])
+        return out
+
+    drafter.forward = spy
+    for propose in (lambda *a: propose_tree(*a, 5, 1, 5), lambda *a: propose_chain(*a, 5, Sampling(), vocab_map, 256)):
+        cache, _ = DraftCache(drafter, 1, 64), seen.append([])
+        logits, hidden = draft_step0(drafter, cache, features, nxt, 12)
+        drafts.append(propose(drafter, cache, logits, hidden, prompt[0, :1], 12).tokens.tolist())
+    assert drafts[0] == drafts[1] and len(seen[0]) == len(seen[1]) == 5  # step 0, then 4 reads
+    torch.testing.assert_close(torch.stack(seen[0]), torch.stack(seen[1]), rtol=1e-5, atol=1e-5)
 
 
 # --- sampling: exactly the target distribution ---------------------------------------------------

@@ -8,6 +8,7 @@ eager formula; rope against transformers' own init functions; layer 0 against th
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -40,6 +41,8 @@ CONTRACTS = {
     "norm_before_fc": dict(norm_before_fc=True),
     "own_embed_full_vocab_bias": dict(has_embeddings=True, draft_vocab_size=256, attention_bias=True),
     "qwen3_two_layers_wide_target": dict(layer_type="qwen3", num_hidden_layers=2, target_hidden_size=96),
+    "window_2": dict(sliding_window=2),  # narrower than the chains tested: a step's own earlier steps drop out
+    "window_3_two_layers": dict(sliding_window=3, num_hidden_layers=2),
 }
 
 
@@ -399,7 +402,7 @@ def test_combine_rejects_features_of_the_wrong_width():
 # --- forward with a cache, chains, trees, TTT ---
 
 
-@pytest.mark.parametrize("name", ["base", "two_layers", "qwen3_two_layers_wide_target", "eagle31"])
+@pytest.mark.parametrize("name", ["base", "two_layers", "qwen3_two_layers_wide_target", "eagle31", "window_2"])
 def test_forward_at_once_equals_one_position_at_a_time(name):
     c = contract(name)
     d = build(c)
@@ -441,7 +444,7 @@ def _next_ids(ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", ["base", "norm_output", "qwen3_two_layers_wide_target", "capture_4",
-                                  "own_embed_full_vocab_bias"])
+                                  "own_embed_full_vocab_bias", "window_2", "window_3_two_layers"])
 @pytest.mark.parametrize("teacher", [True, False])
 def test_ttt_equals_chain_decoding_at_every_position(name, teacher):
     """forward_ttt's step j at t == draft a chain from position t with a cache, one token per call
@@ -468,6 +471,36 @@ def test_ttt_equals_chain_decoding_at_every_position(name, teacher):
                 else:
                     tok = drafted[logits.argmax(-1)]
                 logits, hidden = d(hidden, tok, pos[:, t : t + 1] + j + 1, cache=cache)
+
+
+@pytest.mark.parametrize("window", [1, 3, 5])
+def test_a_sliding_window_sees_what_the_context_cut_to_it_shows(window):
+    """A draft whose layer attends over its last `window` positions reads, at position t, what the
+    same weights without a window read from the sequence cut to positions t - window + 1 .. t (one
+    layer: a second would see further through the first; rope is relative): the window counts the
+    query itself, as Hugging Face's masks and vLLM count it. The chain steps then drafted at t see
+    their own steps and the context within the window of theirs."""
+    c = contract("base")
+    windowed = build(replace(c, sliding_window=window))
+    whole = build(c)
+    T, S = 9, 3
+    features, ids = batch(c, 1, T)
+    pos = torch.arange(T)[None]
+    with torch.no_grad():
+        got = windowed.forward_ttt(features, ids, S, position_ids=pos)
+        for t in range(T):
+            a = max(0, t - window + 1)
+            cut = whole.forward_ttt(features[:, a:t + 1], ids[:, a:t + 1], 1, position_ids=pos[:, a:t + 1])
+            torch.testing.assert_close(got[0][:, t], cut[0][:, -1], rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(got[0], whole.forward_ttt(features, ids, 1, position_ids=pos)[0])
+        h = windowed.combine(features)  # chain step 2 from t = 6: keys within `window` of position 8
+        cache = DraftCache(windowed, 1)
+        logits, hidden = windowed(h[:, :7], ids[:, :7], pos[:, :7], cache=cache)
+        drafted = torch.nonzero(windowed.t2d).squeeze(1)
+        for j in (1, 2):
+            logits, hidden = windowed(hidden[:, -1:], drafted[logits[:, -1:].argmax(-1)], pos[:, 6:7] + j,
+                                      cache=cache)
+        torch.testing.assert_close(logits[:, -1], got[2][:, 6], rtol=1e-5, atol=1e-5)
 
 
 def _ancestor_mask(parents: list[int]) -> torch.Tensor:

@@ -158,6 +158,17 @@ def test_ntk_alpha_rope_is_served_as_eyas_turns_it(reports):
 
 
 @pytest.mark.engine
+def test_a_sliding_window_is_served_as_eyas_applies_it(reports):
+    """`layer_types` sliding_attention over 4 positions: vLLM's draft attends over the query and the 3
+    before it, as eyas's does: the engine's drafts are eyas's, token for token. Measured on 4 MT-bench
+    prompts x 48 tokens (AMX Xeon): eyas with no window drafted the engine's first token at 31% of 161
+    chain starts, with a window one wider at 80%, with this one at 100%."""
+    r = reports["sliding_window_4"]
+    assert r["loaded"] and r["agree"], r["explanation"]
+    assert r["drafts_compared"]["first_token_same"] >= 0.95
+
+
+@pytest.mark.engine
 @pytest.mark.parametrize("name", list(ev.VARIANTS))
 def test_consumer_view_holds_for_vllm(reports, name):
     """Every statement `eyas inspect` makes about vLLM (loads, capture layers, norm flags, embeddings)

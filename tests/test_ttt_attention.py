@@ -51,8 +51,9 @@ def block(request, monkeypatch):
 
 @pytest.mark.parametrize("teacher", [True, False], ids=["teacher", "free"])
 @pytest.mark.parametrize("overrides", [{}, dict(num_hidden_layers=2, layer_type="qwen3"),
-                                       dict(num_attention_heads=4, num_key_value_heads=4)],
-                         ids=["llama_gqa", "qwen3_two_layers", "mha"])
+                                       dict(num_attention_heads=4, num_key_value_heads=4),
+                                       dict(num_hidden_layers=2, sliding_window=3)],
+                         ids=["llama_gqa", "qwen3_two_layers", "mha", "window_3"])
 def test_diagonal_attention_equals_the_masked_reference(block, teacher, overrides):
     c = tiny_contract(**overrides)
     d, b = drafter(c), packed_batch(c)

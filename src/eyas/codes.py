@@ -56,9 +56,6 @@ CODES: dict[str, Code] = {
     ),
     "rope_alpha": _warning("rope", "NTK-alpha rope: engines raise the base by alpha, transformers' Llama does not"),
     "tensors_not_checked": _warning(None, "a lone config file was read: the weights were not checked"),
-    "sliding_window_not_run": _warning(
-        None, "the draft layer attends over a sliding window; eyas attends over the whole context"
-    ),
     "embed_scale_ignored": _warning(
         None, "the draft's trainer scaled its token embeddings (SpecForge, Gemma targets); engines do not"
     ),

@@ -40,7 +40,7 @@ from eyas.drafter_checks import check_buildable, check_runnable, check_tensors, 
 from eyas.errors import ContractError
 from eyas.rope import rope_parameters
 from eyas.shift import shift_left
-from eyas.ttt_attention import TTTCache
+from eyas.ttt_attention import TTTCache, in_window
 
 # --- attention: SDPA for speed, the eager formula as its reference (tested against each other) ---
 
@@ -200,10 +200,12 @@ class DecoderLayer(nn.Module):
 # --- masks ---
 
 
-def causal_mask(T: int, past: int, device: torch.device) -> Tensor:
-    """[1, T, past + T] bool: new position i sees the whole cache and new positions <= i."""
+def causal_mask(T: int, past: int, device: torch.device, window: int | None = None) -> Tensor:
+    """[1, T, past + T] bool: new position i sees the whole cache and new positions <= i (with a
+    sliding `window`, only the last `window` of them, itself included)."""
     keys = torch.arange(past + T, device=device)
-    return (keys[None, :] <= past + torch.arange(T, device=device)[:, None])[None]
+    queries = past + torch.arange(T, device=device)
+    return (keys[None, :] <= queries[:, None])[None] & in_window(queries, keys, window)
 
 
 def ttt_mask(T: int, steps: int, document_ids: Tensor | None, device: torch.device) -> Tensor:
@@ -381,13 +383,14 @@ class Drafter(nn.Module):
         hidden [B, T, H] is `combine(features)` or the previous step's next_hidden; input_ids [B, T]
         are TARGET-vocab ids; position_ids [B, T] drive rope. With a cache the new keys/values are
         appended and queries see cache + new. attn_mask: bool [B or 1, T, cache_len + T], True =
-        may attend (a tree's ancestor mask); None = causal. `with_logits=False` returns None for the
+        may attend (a tree's ancestor mask, the caller's to keep within a sliding window); None =
+        causal (within the contract's `sliding_window`). `with_logits=False` returns None for the
         logits: training applies `head` to the labelled positions only.
         """
         T = hidden.shape[1]
         past = 0 if cache is None else cache.length
         if attn_mask is None:
-            attn_mask = causal_mask(T, past, hidden.device)
+            attn_mask = causal_mask(T, past, hidden.device, self.contract.sliding_window)
         if self.inv_freq.device != hidden.device:  # moved once, kept fp32 (see __init__)
             self.inv_freq = self.inv_freq.to(hidden.device)
         freqs = position_ids[..., None].float() * self.inv_freq  # [B, T, D/2], fp32
@@ -438,9 +441,9 @@ class Drafter(nn.Module):
         Attention: step j at t sees step-0 keys at positions <= t (same document when
         `document_ids` [B, T] is given) plus its own entries of steps 1..j; rope position of step j =
         position_ids + j (position_ids default 1 + arange(T), speculators' convention; rope is
-        relative, so only differences matter). `steps` calls of `forward`: by default on a
-        `TTTCache` (`eyas.ttt_attention`: step-0 scores plus one diagonal column per later step,
-        steps * T^2). `masked=True` is the reference it is tested against: every step's keys
+        relative, so only differences matter; a sliding window counts back from t + j). `steps`
+        calls of `forward`: by default on a `TTTCache` (`eyas.ttt_attention`: step-0 scores plus one
+        diagonal column per later step, steps * T^2). `masked=True` is the reference it is tested against: every step's keys
         appended to one DraftCache under one boolean mask (`ttt_mask`), steps^2 * T^2.
 
         `rows` [R] (increasing; diagonal attention only): the positions whose outputs are wanted
@@ -453,12 +456,16 @@ class Drafter(nn.Module):
         if position_ids is None:
             position_ids = 1 + torch.arange(T, device=input_ids.device).expand(B, T)
         mask = ttt_mask(T, steps if masked else 1, document_ids, input_ids.device)
-        cache = DraftCache(self, B) if masked else TTTCache(self.contract.num_hidden_layers, mask)
+        window = self.contract.sliding_window
+        cache = DraftCache(self, B) if masked else TTTCache(self.contract.num_hidden_layers, mask, window)
         hidden, ids = self.combine(features), input_ids
         want_logits = logits or next_ids is None
         outputs = []
         for j in range(steps):
             step_mask = mask[..., : (j + 1) * T]  # step-0 block (+ masked: the diagonal blocks of steps 1..j)
+            if masked and window is not None:  # block s holds position t + s in row t; the query is at t + j
+                t = torch.arange(T, device=input_ids.device)
+                step_mask = step_mask & in_window(t + j, torch.cat([t + s for s in range(j + 1)]), window)
             step_logits, hidden = self(hidden, ids, position_ids + j, cache=cache, attn_mask=step_mask,
                                        with_logits=want_logits and (rows is None or j > 0))
             if rows is not None and j == 0:  # steps 1.. run at `rows` only (they attend to step 0's keys)

@@ -31,14 +31,17 @@ class TTTCache:
     """The rotated keys and values of one TTT unroll, per layer and step: step 0's, then each later step's.
 
     `mask` bool [B or 1, T, T] is the step-0 mask (causal, per document): position t may see key s.
+    With a sliding `window`, step j at t (rope position t + j) sees only the step-0 keys s with
+    t + j - s < window, as a chain drafted at t sees its context when served.
     """
 
-    def __init__(self, num_layers: int, mask: Tensor):
+    def __init__(self, num_layers: int, mask: Tensor, window: int | None = None):
         self.k: list[list[Tensor]] = [[] for _ in range(num_layers)]
         self.v: list[list[Tensor]] = [[] for _ in range(num_layers)]
-        self.mask = mask
+        self.mask, self.window = mask, window
         self.blocks = [(a, b, lo, b) for a, b, lo in query_blocks(mask, QUERY_BLOCK)]
         self.later = (mask, self.blocks)  # steps 1..: their queries' step-0 mask rows and blocks
+        self.rows = torch.arange(mask.shape[-2], device=mask.device)  # the queries' positions
         self.length = 0  # positions processed, all steps together (Drafter.forward advances it)
 
     def select_rows(self, rows: Tensor, within: Tensor | None = None) -> None:
@@ -49,7 +52,7 @@ class TTTCache:
         bounds = torch.searchsorted(rows, torch.tensor([a for a, *_ in self.blocks] + [self.mask.shape[-2]],
                                                        device=rows.device)).tolist()
         blocks = [(ra, rb, lo, hi) for (_, _, lo, hi), ra, rb in zip(self.blocks, bounds, bounds[1:]) if rb > ra]
-        self.later = (self.mask[:, rows], blocks)
+        self.later, self.rows = (self.mask[:, rows], blocks), rows
         if within is not None:
             for ks, vs in zip(self.k, self.v):
                 ks[1:] = [k[:, :, within] for k in ks[1:]]
@@ -59,8 +62,25 @@ class TTTCache:
         """Store this step's k/v [B, n_kv, T, D] for `layer_idx`, then `ttt_attention` for its queries."""
         self.k[layer_idx].append(k)
         self.v[layer_idx].append(v)
-        mask, blocks = (self.mask, self.blocks) if len(self.k[layer_idx]) == 1 else self.later
-        return ttt_attention(q, self.k[layer_idx], self.v[layer_idx], mask, blocks)
+        ks, vs = self.k[layer_idx], self.v[layer_idx]
+        step = len(ks) - 1
+        mask, blocks = (self.mask, self.blocks) if step == 0 else self.later
+        if self.window is not None:  # step j at t is at t + j: its step-0 keys and its own steps s (at t + s)
+            keys = torch.arange(self.mask.shape[-1], device=mask.device)
+            mask = mask & in_window((self.rows if step else keys) + step, keys, self.window)
+            near = [s for s in range(1, step + 1) if step - s < self.window]
+            ks, vs = [ks[0], *(ks[s] for s in near)], [vs[0], *(vs[s] for s in near)]
+        return ttt_attention(q, ks, vs, mask, blocks)
+
+
+def in_window(queries: Tensor, keys: Tensor, window: int | None) -> Tensor | bool:
+    """bool [..., Q, K]: key position k is within a sliding `window` of query position q, q - k < window
+    (the query itself and the window - 1 positions before it, as Hugging Face's sliding-window masks
+    and vLLM's attention count it); True without a window. Every mask of the draft (decoding's causal
+    and tree masks, the TTT unroll's) takes its window from here. queries [..., Q], keys [..., K]."""
+    if window is None:
+        return True
+    return queries[..., :, None] - keys[..., None, :] < window
 
 
 def query_blocks(mask: Tensor, size: int) -> list[tuple[int, int, int]]:

@@ -18,6 +18,7 @@ from eyas.decode.sampling import Sampling, draw, warp_probs
 from eyas.decode.static_cache import StaticKV
 from eyas.decode.tree import DraftTree, chain_tree
 from eyas.drafter import DraftCache, Drafter
+from eyas.ttt_attention import in_window
 
 
 def draft_cache(drafter: Drafter, max_len: int) -> StaticKV:
@@ -104,6 +105,9 @@ def propose_tree(
         # each frontier node sees the step-0 entries (< n), its ancestors' tree entries, and itself
         assert cache.length == n + front_slots.shape[1]
         mask = torch.cat([torch.ones(K, n, dtype=torch.bool, device=dev), front_slots, eye], dim=1)
+        if drafter.contract.sliding_window is not None:  # tree slots: K per level, read at n, n + 1, ...
+            keys = torch.cat([torch.arange(n, device=dev), n + torch.arange(front_slots.shape[1] + K, device=dev) // K])
+            mask = mask & in_window(positions[0], keys, drafter.contract.sliding_window)
         logits, h = drafter(front_hidden, x, positions, cache=cache, attn_mask=mask[None])
         logq = logits[0].float().log_softmax(-1)  # [K, Vd]
         child_logq, child_ids = logq.topk(K, dim=-1)  # [K, K]: top_k children of each frontier node

@@ -106,8 +106,9 @@ _ATTENTION_KINDS = ("full_attention", "sliding_attention")
 def _read_window(p: Parsed, src: dict, where: str) -> None:
     """The draft layer's attention window (contract `sliding_window`). `layer_types` decides, as in vLLM
     0.32's Llama layer (models/llama.py, a draft's own index into it): "sliding_attention" attends over
-    the last `sliding_window` tokens. Without `layer_types` every layer attends over the whole context,
-    whatever `sliding_window` a trainer copied from its target beside `use_sliding_window: false`."""
+    the last `sliding_window` tokens, and so does eyas's drafter (`eyas.ttt_attention.in_window`). Without
+    `layer_types` every layer attends over the whole context, whatever `sliding_window` a trainer copied
+    from its target beside `use_sliding_window: false`."""
     kinds = src.get("layer_types")
     if kinds is None:
         p.set("sliding_window", None, f"full attention ({where}layer_types not in {p.file})")
@@ -123,12 +124,7 @@ def _read_window(p: Parsed, src: dict, where: str) -> None:
     if "sliding_attention" not in kinds:
         p.set("sliding_window", None, f"{p.file}: {where}layer_types (full attention)")
         return
-    window = p.read(src, "sliding_window", size, where=where)
-    p.warn("sliding_window_not_run", where + "sliding_window",
-           f"{p.file}: the draft layer attends over its last {window} tokens ({where}layer_types, "
-           f"{where}sliding_window): eyas attends over the whole context, the same up to {window} tokens, so "
-           "its figures on longer contexts are not the draft's (see each engine's view)",
-           f"measure with contexts of at most {window} tokens (eval --max-new-tokens, shorter prompts)")
+    p.read(src, "sliding_window", size, where=where)
 
 
 def _read_multipliers(p: Parsed, src: dict, where: str) -> None:
