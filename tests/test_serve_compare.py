@@ -9,9 +9,10 @@ import torch
 from test_data import save_tiny_target
 
 from eyas.drafter_loading import load_drafter
-from eyas.engines.compare import count_tail, paired_difference, rates, sampled_agreement, samples_test
+from eyas.engines.compare import (count_tail, drafts_agreement, paired_difference, rates, sampled_agreement,
+                                  samples_test)
 from eyas.engines.predict import _walk, output_fit, predict, predict_sampled
-from eyas.engines.serve_check import _difference_lines, _per_request, _steps, assess
+from eyas.engines.serve_check import _difference_lines, _explain, _per_request, _steps, assess
 from eyas.errors import EyasError
 from eyas.cli import main
 from eyas.target import Target
@@ -187,6 +188,21 @@ def test_records_that_cannot_be_matched_are_not_called_a_draft_that_cannot_run(s
     assert not rep["agree"] and rep["drafts_compared"] is not None
     problems = " ".join(rep["check"]["problems"])
     assert "cannot match the engine's records" in problems and "cannot run the draft" not in problems
+
+
+def test_drafts_the_engine_computed_otherwise_are_a_disagreement():
+    """The same prefixes and weights in fp32 draft the same first token at every chain start; an engine
+    that drafts another at over 5% of at least 20 disagrees, and the explanation says so, even where
+    acceptance stayed within noise (a window one position wider: 80% of 161, acceptance 1.210 vs 1.218)."""
+    assert drafts_agreement(None) and drafts_agreement({"drafts": 19, "first_token_same": 0.5})
+    assert drafts_agreement({"drafts": 161, "first_token_same": 0.96})
+    assert not drafts_agreement({"drafts": 161, "first_token_same": 0.795})
+    report = {"wiring": {"differences": []}, "positions": [], "samples": None, "consumer_view": [],
+              "engine_version": "test", "predicted": {}, "drafts_compared": {"drafts": 161, "first_token_same": 0.795}}
+    said = _explain(report, {"mismatches": [], "notes": []})
+    assert said == ["drafts: vLLM's first draft token is eyas's at 80% of 161 chain starts, where the same prefixes "
+                    "and weights in fp32 share 95% or more: the engine computes the draft otherwise (its attention, "
+                    "rope, norms or embeddings)"]
 
 
 def test_the_served_count_is_judged_by_its_exact_distribution():

@@ -28,6 +28,12 @@ draft (the dump, matched against eyas's capture of the same tokens) are compared
 A cheap draft hides a wrong wiring in the noise (one layer early moved the shipped draft's served
 mean acceptance length by -0.015 on 10 MT-bench prompts x 64, interval -0.064 to +0.029), so any
 difference here is a disagreement on its own.
+
+Drafts (`drafts_agreement`): the engine's own draft tokens against eyas's at the same chain starts.
+The same prefixes, the same weights, fp32 on both sides: a draft computed alike drafts the same
+first token everywhere (409 of 409 above), and one computed otherwise (an attention window one
+position wider, here) at 80% of 161 while acceptance stayed within noise (1.210 served, 1.218
+predicted). Below DRAFTS_SAME, over at least MIN_DRAFTS chain starts, they disagree.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from eyas.engines.predict import RARE, SampledPrediction
 from eyas.intervals import paired_differences
 
 ALPHA = 0.01  # family-wise, over the k positions
+DRAFTS_SAME = 0.95  # first draft tokens the engine and eyas must share (fp32 both: all, but for a near tie)
+MIN_DRAFTS = 20  # chain starts compared before the share decides
 DUMP_REL_ERROR = 0.01  # an fp32 engine feeding the contract's states matches eyas's capture to ~1e-6
 
 
@@ -55,6 +63,12 @@ def rates(counts: list[int], drafts: int) -> dict[str, Any]:
     return {"mean_acceptance_length": 1 + sum(counts) / drafts,
             "acceptance_by_position": [c / drafts for c in counts],
             "drafts": drafts, "accepted_by_position": list(counts)}
+
+
+def drafts_agreement(compared: dict[str, Any] | None) -> bool:
+    """The engine drafted eyas's first token at DRAFTS_SAME of the chain starts compared, or too few
+    (or none: the engine recorded no drafts) were compared to say."""
+    return compared is None or compared["drafts"] < MIN_DRAFTS or compared["first_token_same"] >= DRAFTS_SAME
 
 
 def acceptance_agreement(served: dict[str, Any], predicted: dict[str, Any], alpha: float = ALPHA

@@ -4,7 +4,7 @@ The engine (vLLM, in its own venv and process: `eyas.engines.launch`) generates 
 (greedily, or sampling at a temperature) and reports its spec-decode counters, its wiring (from its
 live model objects) and what it fed the draft (a dump). eyas then measures the same draft on the
 SAME token sequences (`eyas.engines.predict`) and compares (`eyas.engines.compare`): acceptance
-within noise, and the engine's wiring equal to the contract. Served minus predicted, prompt by
+within noise, the engine's wiring equal to the contract, and the engine's drafts eyas's. Served minus predicted, prompt by
 prompt from the engine's counters per request, is reported with its paired 95% interval over
 resampled prompts. When sampling, eyas's expectation is taken on the engine's own draft steps, the
 engine's tokens are tested against the target's distribution, and the same engine without
@@ -30,8 +30,8 @@ from eyas.check import check_checkpoint, consumers
 from eyas.codes import text_of
 from eyas.data import encode_prompts, read_prompts
 from eyas.drafter_loading import load_drafter, resolve_drafter
-from eyas.engines.compare import (acceptance_agreement, dump_check, paired_difference, rates, sampled_agreement,
-                                  samples_test, wiring_report)
+from eyas.engines.compare import (DRAFTS_SAME, acceptance_agreement, drafts_agreement, dump_check, paired_difference,
+                                  rates, sampled_agreement, samples_test, wiring_report)
 from eyas.engines.launch import engine_python, run_vllm
 from eyas.engines.predict import SampledPrediction, compare_drafts, output_fit, predict, predict_sampled
 from eyas.contract import default_capture_layers
@@ -98,6 +98,11 @@ def _explain(report: dict[str, Any], view: dict[str, Any]) -> list[str]:
             p = f", p = {t['p']:.1g}" if "p" in t else ""
             out.append(f"acceptance at position {t['position']}: served {t['served']:.3f}, eyas predicts "
                        f"{t['predicted']:.3f} (z = {t['z']:.1f}{p}, beyond the noise of this many drafts)")
+    dc = report.get("drafts_compared")
+    if not drafts_agreement(dc):
+        out.append(f"drafts: vLLM's first draft token is eyas's at {dc['first_token_same']:.0%} of {dc['drafts']} "
+                   f"chain starts, where the same prefixes and weights in fp32 share {DRAFTS_SAME:.0%} or more: the "
+                   "engine computes the draft otherwise (its attention, rope, norms or embeddings)")
     t = report.get("samples")
     if t and not t["faithful"]:
         out.append(f"the engine's tokens are not samples of the target's distribution at temperature "
@@ -249,7 +254,7 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
     report["wiring"] = wiring_report(run.get("wiring") or {}, c, ckpt.tensors.get("d2t"), layers, dump_result)
     if dump_result is not None and not dump_result["matches"] and doctor:
         report["doctor"] = _doctor(ckpt, target, fed, dump)
-    report["agree"] = acc_ok and report["wiring"]["agree"]
+    report["agree"] = acc_ok and report["wiring"]["agree"] and drafts_agreement(report["drafts_compared"])
     if not report["agree"]:
         report["explanation"] = _explain(report, view)
         for f in (report.get("doctor") or {}).get("findings", []):
