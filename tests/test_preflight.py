@@ -24,6 +24,7 @@ import cache_writers
 
 import eyas.data.textfile as textfile
 from eyas.cli import build_parser, main, preflight
+from eyas.errors import EyasError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -263,6 +264,35 @@ def test_no_output_lands_inside_a_feature_cache(world, tmp_path, capsys, no_load
             "data_9.ckpt (--plot) is inside", "(--data)")
     refused(capsys, ["train", "--data", cache, "--out", cache / "run", "--target", t], "(--out) is inside", "(--data")
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
+
+
+def test_no_output_lands_in_any_feature_cache(world, tmp_path, capsys, no_loading):
+    """Not the verb's input, a cache is still read by listing it: no output lands in an eyas capture, a
+    speculators dataset or a SpecForge cache, nor is one (but a capture resumed into its own folder);
+    a manifest.json or state.json of anything else marks no cache."""
+    t, d, p = world["target"], world["draft"], world["prompts"]
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    (capture / "manifest.json").write_text(json.dumps({"format": "eyas-capture"}))
+    speculators = tmp_path / "speculators"
+    (speculators / "hidden_states").mkdir(parents=True)
+    (speculators / "state.json").write_text("{}")
+    specforge = tmp_path / "specforge"
+    (specforge / "rows_0-2000").mkdir(parents=True)
+    for cache, fmt in ((capture, "eyas"), (speculators, "speculators"), (specforge, "specforge")):
+        refused(capsys, ["capture", "--prompts", p, "--out", cache / "sub", "--target", t],
+                f"(--out) is inside the {fmt} feature cache {cache}")
+        refused(capsys, ["convert", d, cache / "sub2", "--format", "eagle"], "(DST) is inside the")
+        with pytest.raises(EyasError, match=rf"\(--out\) is the {fmt} feature cache"):
+            preflight.apart(cache, "--out", {})  # train's run folder, say
+    refused(capsys, ["eval", d, "--prompts", p, "--plot", specforge / "rows_0-2000" / "a.png", "--target", t],
+            f"(--plot) is inside the specforge feature cache {specforge}:")
+    preflight.apart(capture, "--out", {}, resumes=True)  # capture resumes into its own folder
+    other = tmp_path / "project"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"name": "a web app"}))
+    (other / "state.json").write_text("{}")
+    preflight.apart(other / "out.png", "--plot", {})
 
 
 def test_no_output_overwrites_the_embedded_default_or_the_shipped_draft(world, tmp_path, capsys, no_loading,

@@ -13,7 +13,7 @@ from eyas.engines.compare import (count_tail, drafts_agreement, paired_differenc
                                   samples_test)
 from eyas.engines.predict import _walk, output_fit, predict, predict_sampled
 from eyas.engines.serve_check import _difference_lines, _explain, _per_request, _steps, assess
-from eyas.errors import EyasError
+from eyas.errors import EyasError, FormatError
 from eyas.cli import main
 from eyas.target import Target
 
@@ -233,4 +233,26 @@ def test_the_engine_is_given_no_longer_a_context_than_the_targets(tiny, tmp_path
     assert engine_job(target, [[1, 2, 3]], [], 4)["max_model_len"] == 64
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello world\n" + "hello world " * 30 + "\n", encoding="utf-8")  # ~70 tokens: fits 1024 only
-    assert len(prompt_ids(target, prompts, 10, 4)) == 1
+    assert len(prompt_ids(target, prompts, 1, 4)) == 1
+    with pytest.raises(EyasError, match=r"p.txt line 2: the prompt is \d+ tokens .* > 64, the context serve-check "
+                                        r"gives vLLM \(at most 1024\)"):
+        prompt_ids(target, prompts, 10, 4)  # refused, not dropped: fewer prompts served than asked, unsaid
+
+
+def test_an_unusable_draft_is_refused_before_the_target_loads_or_the_engine_starts(tiny, tmp_path, monkeypatch):
+    import importlib
+
+    sc = importlib.import_module("eyas.engines.serve_check")  # the package exports its function under that name
+    target, _ = tiny
+    monkeypatch.setattr(sc, "engine_python", lambda name: None)  # as if vLLM were installed
+    monkeypatch.setattr(sc.Target, "load", lambda *a, **k: pytest.fail("the target was loaded"))
+    (tmp_path / "notdraft").mkdir()
+    with pytest.raises(FormatError, match="notdraft"):
+        sc.serve_check(tmp_path / "notdraft", target=target.path)
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(target.path), "--capture-layers", "1,2,3"]) == 0
+    with pytest.raises(EyasError, match=r"--max-new-tokens 64 leaves no room for a prompt in the 64 tokens"):
+        sc.serve_check(draft, target=target.path, max_new_tokens=64)
+    (draft / "model.safetensors").unlink()
+    with pytest.raises(FormatError, match=r"draft: no weights"):
+        sc.serve_check(draft, target=target.path)

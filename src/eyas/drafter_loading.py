@@ -65,6 +65,23 @@ def load_drafter(
     return load_drafter_and_config(path, target=target, layer_convention=layer_convention, dtype=dtype)[0]
 
 
+def _refuse_a_file(folder: Path) -> None:
+    if folder.is_file():  # inspect and check read a lone config; running the draft needs the whole folder
+        raise FormatError(f"{folder} is a file: running the draft needs its folder (its config and weights)",
+                          "pass the draft's folder (the config beside its model.safetensors)")
+
+
+def read_fitting(folder: Path, ref: TargetRef, layer_convention: str | None = None) -> Checkpoint:
+    """The draft folder read (no weights, or a config that is not a draft's, is refused) and held against
+    the target's dimensions, without building the drafter: what a verb that hands the draft to an engine
+    checks before it loads the target or starts the engine, as `load_drafter` does before it runs."""
+    _refuse_a_file(folder)
+    ckpt = read_checkpoint(folder, layer_convention=layer_convention)
+    with _naming(ckpt):
+        check_fits(ckpt.contract, ref.text_config)
+    return ckpt
+
+
 def load_drafter_and_config(
     path: str | Path | None,
     *,
@@ -76,13 +93,9 @@ def load_drafter_and_config(
     pair the draft with something else, such as data captured at other layers)."""
     ref = TargetRef.resolve(target, weights=False)
     folder = resolve_drafter(path, ref)
-    if folder.is_file():  # inspect and check read a lone config; running the draft needs the whole folder
-        raise FormatError(f"{folder} is a file: running the draft needs its folder (its config and weights)",
-                          "pass the draft's folder (the config beside its model.safetensors)")
+    _refuse_a_file(folder)
     check_fits_memory(weight_bytes(folder, dtype), ref.device, f"draft {folder} in {short_name(dtype)}")
-    ckpt = read_checkpoint(folder, layer_convention=layer_convention)
-    with _naming(ckpt):
-        check_fits(ckpt.contract, ref.text_config)
+    ckpt = read_fitting(folder, ref, layer_convention)
     c = ckpt.contract
     names = borrowed_names(c)
     if names:  # the target's [V, H] matrices come next: often larger than the draft

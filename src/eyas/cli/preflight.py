@@ -276,12 +276,13 @@ def _on_disk(name: str, given: str | Path | None, target: str | Path | None) -> 
 _LISTED = ("--data", "--features")  # inputs read by listing their folder: a feature cache
 
 
-def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None], *, holds: bool = False) -> None:
+def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None], *, holds: bool = False,
+          resumes: bool = False) -> None:
     """An output is none of the verb's inputs, nor anything already inside one (a plot over the draft's
     weights, a capture into the target's folder); with `holds` (a folder --force replaces) it holds
     none either. A new file or folder beside an input's files changes none of them, except in a
     feature cache (`_LISTED`), whose reader takes what it finds there (a plot named data_9.ckpt
-    became a SpecForge sample)."""
+    became a SpecForge sample): no output lands in one, the verb's input or not (`_in_a_cache`)."""
     if out is None:
         return
     o = Path(out).resolve()
@@ -296,6 +297,21 @@ def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None
         if how is not None:
             raise EyasError(f"{out} ({flag}) {how} {given} ({name}): writing it would change an input",
                             f"choose a {flag} outside the verb's inputs")
+    _in_a_cache(o, out, flag, resumes)
+
+
+def _in_a_cache(o: Path, out: str | Path, flag: str, resumes: bool) -> None:
+    """Refuse an output inside a feature cache, or one that is a cache (but an eyas capture that
+    `resumes` into its own folder): its reader would take the output for samples, or trip on it."""
+    from eyas.data.caches.detect import marked_cache
+    from eyas.data.caches.native import SHARDS
+
+    for folder in [o, *o.parents]:
+        fmt = marked_cache(folder)
+        if fmt is not None and not (resumes and folder == o and fmt == SHARDS):
+            how = "is" if folder == o else "is inside"
+            raise EyasError(f"{out} ({flag}) {how} the {fmt} feature cache {folder}: its reader would take what "
+                            "is written there for samples", f"choose a {flag} outside every feature cache")
 
 
 def plot_format(path: str | None) -> None:
@@ -351,7 +367,7 @@ def _capture(a: argparse.Namespace) -> None:
     target(a, weights=True)
     prompts(a.prompts, limit=None if a.limit is None else a.skip + a.limit)
     capture_out(a.out)
-    apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts})
+    apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
 
 
 def _eval(a: argparse.Namespace) -> None:

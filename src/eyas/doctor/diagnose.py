@@ -168,13 +168,24 @@ def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:
     return rounded(detectable(sds, positions, first[0]["tests"])) if first else None
 
 
-def _best_depth1(section: dict[str, Any]) -> float:
-    """The highest depth-1 acceptance under any wiring measured, the contract's included."""
-    return max([r["acceptance_depth1"] or 0 for r in section["hypotheses"]]
-               + [section["trained_for"]["acceptance_depth1"] or 0])
+def _untrained(section: dict[str, Any]) -> str | None:
+    """Why the draft is trained for none of the wirings measured (the contract's included), or None:
+    depth-1 acceptance below MIN_USABLE under every one, or a log-probability of the target's tokens
+    no better than a uniform guess over the draft vocabulary gives them under every one (a draft a few
+    steps into training, peaked on the wrong tokens, can accept a few tokens and learn nothing)."""
+    rows = [*section["hypotheses"], section["trained_for"]]
+    if max(r["acceptance_depth1"] or 0 for r in rows) < MIN_USABLE:
+        return f"depth-1 acceptance is below {MIN_USABLE} under every wiring tried"
+    measured = [r for r in rows if r["logprob"] is not None and r.get("uniform_logprob") is not None]
+    if measured and all(r["logprob"] <= r["uniform_logprob"] for r in measured):
+        best = max(measured, key=lambda r: r["logprob"] - r["uniform_logprob"])
+        return (f"the draft's log-probability of the target's tokens is no better than a uniform guess over its "
+                f"vocabulary under any wiring tried (at best {best['logprob']:.2f} nats against the guess's "
+                f"{best['uniform_logprob']:.2f})")
+    return None
 
 
-def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, untrained: bool, withheld: list[str],
+def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, untrained: str | None, withheld: list[str],
                    limit: int | None) -> list[str]:
     """What limits the measurement: how large a fault an `ok` could have missed (and how much data
     halves that), too few answers, or a draft that accepts nothing under any wiring (`untrained`, its
@@ -190,7 +201,7 @@ def _measure_notes(cap: Capture, section: dict[str, Any], found: bool, untrained
                      "the answers cannot confirm a preference the positions show (positions of one answer are not "
                      f"independent), so positions decided alone; --limit {DEFAULT_LIMIT} or more lets them")
     if untrained:
-        notes.append(f"depth-1 acceptance is below {MIN_USABLE} under every wiring tried: untrained weights, a "
+        notes.append(f"{untrained}: untrained weights, a "
                      "draft for another target, or a fault the doctor does not test" + (
                          "; the wirings its weights measure better under are not named faults, random weights "
                          f"lean somewhere: {'; '.join(withheld)}" if withheld else ""))
@@ -270,7 +281,7 @@ def diagnose(
         t1, answered = time.perf_counter(), cap.seconds
         m, cap, findings, adopted, report["measured"] = _settled(cap, rep, cons, path, layer_convention, tcfg,
                                                                 progress, report["notes"])
-        untrained = _best_depth1(report["measured"]) < MIN_USABLE
+        untrained = _untrained(report["measured"])
         withheld = [f["title"] for f in findings] if untrained else []
         if withheld:  # the contract's wiring stands: nothing measured is evidence against it
             findings, report["measured"]["trained_for"] = [], {"wiring": final.describe(), **m.measure(final).summary()}

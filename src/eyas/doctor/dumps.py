@@ -21,7 +21,7 @@ from eyas.doctor.findings import make_finding
 from eyas.doctor.hypotheses import block_fix, config_edits
 from eyas.doctor.measure import Measurer, SkipFcDrafter
 from eyas.doctor.stats import Outcome, rounded
-from eyas.doctor.wiring import Wiring
+from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.drafter import Drafter
 from eyas.errors import FormatError
 from eyas.formats import Checkpoint
@@ -121,12 +121,14 @@ def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, fin
                     f"make the engine capture layers {list(want)}: {config_edits(ckpt, 'layers', want)}")]
 
 
-def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, final: Wiring, before: Outcome | None,
+def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Outcome | None,
                   after: Outcome, ckpt: Checkpoint, source: str) -> list[dict[str, Any]]:
     """What the engine got wrong, by comparing each chunk with what a correct engine feeds this draft:
-    the raw residual stream at the draft's layers, in order, at the same position. `source`: what the
-    features came from ("engine dump", or "feature cache": a trainer's engine captured them)."""
-    H, want = m.H, final.layers
+    the raw residual stream at the layers its contract names (what an engine reads from the config;
+    where the weights fit other layers, the measured finding says so), in order, at the same position.
+    `source`: what the features came from ("engine dump", or "feature cache": a trainer's engine
+    captured them)."""
+    H, want = m.H, contract_wiring(m.contract, m.ckpt.tensors, m.N).layers
     seen = "; ".join(chunk_text(c) for c in matches)
 
     def finding(slug: str, title: str, fix: str) -> dict[str, Any]:
@@ -188,7 +190,7 @@ def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt:
     source = "engine dump" if fed is None else "feature cache"
     fed = fed or [features]
     on_dump, correct = _dump_outcome(m, final, fed), m.measure(final)
-    findings = dump_findings(matches, features.shape[1], m, final, on_dump, correct, ckpt, source)
+    findings = dump_findings(matches, features.shape[1], m, on_dump, correct, ckpt, source)
     lost = [c for c in matches if not c["identified"]]
     notes = ["dump chunks matching no target state: " + "; ".join(chunk_text(c) for c in lost)
              + " (another target or precision, or tokens not aligned with features)"] if lost else []

@@ -37,9 +37,10 @@ def numbers(before: Outcome, after: Outcome, test: dict[str, Any], tests: int) -
     b, c = test["depth1_wins_losses"]
     w, l = test["chain_wins_losses"]
     (k, n), (j, _) = test["samples_favouring"], test["samples_favouring_kl"]
+    kl = f"p = {test['p_kl']:.1e}" if test["kl_compared"] else "over another draft vocabulary: not compared"
     return (f"log-probability of the target's token {before.mean_logprob:.3f} -> {after.mean_logprob:.3f} nats "
             f"(signed-rank p = {test['p_logprob']:.1e}), divergence from the target {before.mean_kl:.3f} -> "
-            f"{after.mean_kl:.3f} nats (p = {test['p_kl']:.1e}) over {test['positions']} positions, {tests} "
+            f"{after.mean_kl:.3f} nats ({kl}) over {test['positions']} positions, {tests} "
             f"test{'s' * (tests != 1)} in the round, Bonferroni at {ALPHA}; depth-1 acceptance {before.depth1:.3f} -> "
             f"{after.depth1:.3f} (exact McNemar p = {test['p_depth1']:.1e}, {b} positions gained, {c} lost), tau(5) "
             f"{before.tau:.2f} -> {after.tau:.2f} (chain-length sign test p = {test['p_chain']:.1e}, {w}/{l}); "

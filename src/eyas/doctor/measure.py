@@ -8,6 +8,8 @@ positions and any two can be compared with `eyas.doctor.stats.paired_test`.
 
 from __future__ import annotations
 
+import math
+
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -149,17 +151,18 @@ class Measurer:
                     measure = self.continuous(s, greedy, vocab)
                     p = sample_predictions(drafter, s, self.lm_head, DEPTH, 1, greedy=greedy, measure=measure)
                     valid = p["valid"].double()  # each measure averaged over the depths whose target token is known
-                    mean = ((p.pop("measured") * valid[..., None]).sum(1) / valid.sum(1)[:, None]).float()  # [N, 2]
-                    parts.append(p | {"logprob": mean[:, 0], "kl": mean[:, 1]})
+                    mean = ((p.pop("measured") * valid[..., None]).sum(1) / valid.sum(1)[:, None]).float()  # [N, 3]
+                    parts.append(p | {"logprob": mean[:, 0], "kl": mean[:, 1], "uniform": mean[:, 2]})
                     sizes[-1] = len(mean)
         if not parts:
             raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
-        pred, truth, valid, logprob, kl = (torch.cat([p[k] for p in parts])
-                                           for k in ("pred", "truth", "valid", "logprob", "kl"))
+        pred, truth, valid, logprob, kl, uniform = (torch.cat([p[k] for p in parts])
+                                                    for k in ("pred", "truth", "valid", "logprob", "kl", "uniform"))
         rep = chain_acceptance(pred, truth, valid)
         accepted = accepted_chains(pred, truth, valid).sum(1)  # [P]
         return Outcome(pred[:, 0] == truth[:, 0], accepted, logprob, kl, rep["acceptance_by_depth"],
-                       rep["tau_chain"][str(DEPTH)], samples=tuple(sizes))
+                       rep["tau_chain"][str(DEPTH)], samples=tuple(sizes), vocabulary=vocab[2],
+                       uniform_logprob=float(uniform.double().mean()))
 
     def _vocab(self, drafter: Drafter) -> tuple[Tensor, Tensor, tuple]:
         """The draft vocabulary as target ids, the draft id of every target id (-1: not drafted), and a
@@ -171,10 +174,11 @@ class Measurer:
     def continuous(self, sample: dict[str, Tensor], greedy: Tensor,
                    vocab: tuple[Tensor, Tensor, tuple]) -> Callable[[Tensor, Tensor], Tensor]:
         """The `measure` `sample_predictions` applies at each depth (its logits [N, Vd] and rows
-        [N]): [N, 2], the draft's log-probability of the target's token there (FLOOR when the
-        draft vocabulary lacks it) and KL(target || draft) over the draft vocabulary (the target's
-        distribution renormalised there). `greedy`: the sample's target tokens; `vocab`:
-        `_vocab(drafter)`."""
+        [N]): [N, 3], the draft's log-probability of the target's token there (FLOOR when the
+        draft vocabulary lacks it), KL(target || draft) over the draft vocabulary (the target's
+        distribution renormalised there), and the log-probability a uniform guess over the draft
+        vocabulary gives the target's token (the same FLOOR). `greedy`: the sample's target tokens;
+        `vocab`: `_vocab(drafter)`."""
         ids, draft_id, key = vocab
         first = first_answer_row(sample)
         table = self._target_log_probs(sample, ids, key, first)  # [T - first, Vd]
@@ -184,7 +188,8 @@ class Measurer:
             d = draft_id[greedy[rows]]  # [N]; -1: the target's token is not in the draft vocabulary
             logprob = log_q.gather(-1, d.clamp(min=0)[:, None])[:, 0].masked_fill(d < 0, FLOOR).clamp(min=FLOOR)
             log_p = table[rows - first]  # [N, Vd]
-            return torch.stack([logprob, (log_p.exp() * (log_p - log_q)).sum(-1)], dim=-1)
+            uniform = torch.full_like(logprob, -math.log(len(ids))).masked_fill(d < 0, FLOOR)
+            return torch.stack([logprob, (log_p.exp() * (log_p - log_q)).sum(-1), uniform], dim=-1)
 
         return measure
 

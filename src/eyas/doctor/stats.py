@@ -57,6 +57,14 @@ class Outcome:
     tau: float  # tau(k=DEPTH), eyas.evaluate's measuring stick
     error: str | None = None  # the wiring cannot run (e.g. a layer the target lacks): counted as all rejected
     samples: tuple[int, ...] = ()  # positions of each sample, in order (they sum to P)
+    # the draft vocabulary `kl` is taken over (its size and a hash of its target ids); () for a wiring that
+    # cannot run. The target's distribution is renormalised over it, so divergences over two vocabularies
+    # are not comparable (an identity map onto ids the target rarely uses can lower it while every
+    # target token loses probability)
+    vocabulary: tuple = ()
+    # what a uniform guess over the draft vocabulary scores on `logprob`'s terms: a draft no better than it
+    # under any wiring has learned nothing a wiring could unlock (NaN for a wiring that cannot run)
+    uniform_logprob: float = float("nan")
 
     @property
     def depth1(self) -> float:
@@ -77,7 +85,8 @@ class Outcome:
     def summary(self) -> dict[str, Any]:
         out = {"acceptance_depth1": rounded(self.depth1), "tau5": rounded(self.tau),
                "acceptance_by_depth": [rounded(a) for a in self.acceptance_by_depth],
-               "logprob": rounded(self.mean_logprob), "kl": rounded(self.mean_kl)}
+               "logprob": rounded(self.mean_logprob), "kl": rounded(self.mean_kl),
+               "uniform_logprob": rounded(self.uniform_logprob)}
         return out | ({"error": self.error} if self.error else {})
 
 
@@ -140,7 +149,8 @@ def paired_test(base: Outcome, alt: Outcome) -> dict[str, Any]:
     """Does `alt` beat `base` on the same positions?
 
     Deciding (`beats`): signed-rank tests on the per-position gain in log-probability of the
-    target's token and on the per-position drop in divergence. Reported beside them: the exact
+    target's token and on the per-position drop in divergence (only where both divergences are over
+    one draft vocabulary: `kl_compared`). Reported beside them: the exact
     one-sided McNemar test on depth-1 outcomes (`alt` wins b and loses c of the discordant
     positions; p = P(X >= b), X ~ Bin(b + c, 1/2)) and the same sign test on accepted chain length,
     each also in the other direction (`p_depth1_worse`, `p_chain_worse`: does `alt` lose?).
@@ -149,13 +159,15 @@ def paired_test(base: Outcome, alt: Outcome) -> dict[str, Any]:
     c = int((base.first & ~alt.first).sum())
     wins, losses = int((alt.accepted > base.accepted).sum()), int((alt.accepted < base.accepted).sum())
     gain, drop = (alt.logprob - base.logprob).double(), (base.kl - alt.kl).double()
+    kl_compared = not (base.vocabulary and alt.vocabulary) or base.vocabulary == alt.vocabulary
     return {
         "positions": int(base.first.numel()),
         "gain_logprob": _mean(gain),
         "p_logprob": signed_rank(gain),
         "sd_logprob": float(gain.std()) if gain.numel() > 1 else float("nan"),
-        "drop_kl": _mean(drop),
-        "p_kl": signed_rank(drop),
+        "kl_compared": kl_compared,  # else the divergences decide nothing (Outcome.vocabulary)
+        "drop_kl": _mean(drop) if kl_compared else float("nan"),
+        "p_kl": signed_rank(drop) if kl_compared else 1.0,
         "depth1_wins_losses": [b, c],
         "p_depth1": binomial_tail(b, b + c),
         "chain_wins_losses": [wins, losses],

@@ -29,7 +29,7 @@ from eyas.atomic import write_bytes
 from eyas.check import check_checkpoint, consumers
 from eyas.codes import text_of
 from eyas.data import encode_prompts, read_prompts
-from eyas.drafter_loading import load_drafter, resolve_drafter
+from eyas.drafter_loading import load_drafter, read_fitting, resolve_drafter
 from eyas.engines.compare import (DRAFTS_SAME, acceptance_agreement, drafts_agreement, dump_check, paired_difference,
                                   rates, sampled_agreement, samples_test, wiring_report)
 from eyas.engines.launch import engine_python, run_vllm
@@ -39,6 +39,7 @@ from eyas.errors import EyasError
 from eyas.formats import Checkpoint
 from eyas.intervals import FEW
 from eyas.target import Target
+from eyas.target_ref import TargetRef
 
 ENGINES = ("vllm",)
 NO_SPECULATION = "no speculation"
@@ -52,16 +53,20 @@ def vllm_spec(draft_dir: str | Path, k: int) -> dict[str, Any]:
     return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
 
 
-def model_len(target: Target) -> int:
+def model_len(target: Target | TargetRef) -> int:
     """vLLM's max_model_len: MAX_MODEL_LEN, or the target's context where that is shorter (vLLM refuses
     a max_model_len beyond the model's, which would read as the draft's fault)."""
-    return min(MAX_MODEL_LEN, getattr(target.config, "max_position_embeddings", None) or MAX_MODEL_LEN)
+    config = target.text_config if isinstance(target, TargetRef) else vars(target.config)
+    return min(MAX_MODEL_LEN, config.get("max_position_embeddings") or MAX_MODEL_LEN)
 
 
 def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: int) -> list[list[int]]:
-    """The prompts as eyas capture and eval feed them: chat-templated token ids, too-long ones skipped."""
-    ids, _ = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, model_len(target), True)
-    return [i for i in ids if i is not None]
+    """The prompts as eyas capture and eval feed them: chat-templated token ids; one that does not fit
+    the engine's context with its answer is refused, naming it (dropped, it would leave fewer prompts
+    served than asked for, unsaid)."""
+    ids, _ = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, model_len(target), False,
+                            set_by=f"the context serve-check gives vLLM (at most {MAX_MODEL_LEN})")
+    return ids
 
 
 def engine_job(target: Target, prompts: list[list[int]], runs: list[dict[str, Any]], max_new_tokens: int,
@@ -296,12 +301,14 @@ def serve_check(
                         "0 serves greedily; e.g. --temperature 0.8")
     t0 = time.perf_counter()
     engine_python("vllm")  # not installed: say so before loading anything
-    draft_dir = resolve_drafter(drafter, target).resolve()
+    ref = TargetRef.resolve(target, weights=False)
+    draft_dir = resolve_drafter(drafter, ref).resolve()
+    read_fitting(draft_dir, ref)  # an unusable draft is refused before the target loads and the engine starts
+    if max_new_tokens >= model_len(ref):
+        raise EyasError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the {model_len(ref)} "
+                        "tokens serve-check gives vLLM", f"pass --max-new-tokens {model_len(ref) // 2} or fewer")
     tgt = Target.load(target, dtype=torch.float32, device=device)
     ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
-    if not ids:
-        raise EyasError(f"no prompt of {prompts} fits {model_len(tgt)} tokens with {max_new_tokens} new ones",
-                        "use shorter prompts or fewer new tokens")
     with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
         dump_path = Path(tmp, "dump.safetensors")  # the worker writes here; copied atomically to `dump`
         spec = vllm_spec(draft_dir, draft_tokens)

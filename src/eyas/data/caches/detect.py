@@ -8,13 +8,16 @@ the Arrow dataset's state.json, speculators' legacy data_config.json), then Spec
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from eyas.data.caches import arrow, modelopt, native, specforge, speculators, speculators_legacy
 from eyas.data.caches.base import FeatureCache, safetensors_shapes
 from eyas.data.caches.pickles import load_record
+from eyas.data.shards import FORMAT as CAPTURE_FORMAT, MANIFEST
 from eyas.errors import FormatError
 
 READERS: dict[str, Callable[..., FeatureCache]] = {
@@ -96,6 +99,34 @@ def _detect_folder(folder: Path) -> str:
     if first is not None:
         return _detect_pt(first)
     raise FormatError(f"{folder}: no feature cache found ({_contents(folder)})", formats_hint())
+
+
+_GROUP = re.compile(r"rows_\d+-\d+")  # SpecForge's sample groups (specforge.py)
+
+
+def marked_cache(folder: Path) -> str | None:
+    """The format of the feature cache `folder` is, by its markers one listing deep, or None: an eyas
+    capture's manifest, a speculators dataset with its hidden states, SpecForge's sample groups or
+    samples. Every folder above an output is asked (`eyas.cli.preflight.apart`), so nothing is walked,
+    and a manifest.json or state.json of anything else is no cache."""
+    if not folder.is_dir():
+        return None
+    if native.is_shards(folder):
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            manifest = None
+        if isinstance(manifest, dict) and manifest.get("format") == CAPTURE_FORMAT:
+            return native.SHARDS
+    if speculators.is_cache(folder):
+        return speculators.FORMAT
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    if any(n.endswith(specforge.SUFFIXES) or _GROUP.fullmatch(n) for n in names):
+        return specforge.FORMAT
+    return None
 
 
 def _first_pt(folder: Path) -> Path | None:
