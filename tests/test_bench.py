@@ -38,7 +38,7 @@ from eyas.generate import (
     format_generate,
     run_generate,
 )
-from eyas.machine import cpu_flags
+from eyas.machine import cpu_class, cpu_flags
 from eyas.target import Target
 
 PROMPTS = [  # words of test_data's word-level vocabulary
@@ -243,7 +243,8 @@ def test_run_generate_streams_the_answer(saved):
     ref = run_generate(None, "tell me a story about the cat", target=target, dtype="fp32", max_new_tokens=8)
     assert ref["tokens"] == out["tokens"] and ref["shape"] is None
     assert out["stats"]["new_tokens"] == len(out["tokens"])
-    assert "tokens/s" in format_generate(out) and "tau" in format_generate(out)
+    assert f"tokens/s on CPU {cpu_class()}, " in format_generate(out) and "tau" in format_generate(out)
+    assert out["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}  # reproducible from it
     with pytest.raises(EyasError, match="need a drafter"):
         run_generate(None, "hello", target=target, dtype="fp32", max_new_tokens=4, draft_tokens=2)
 

@@ -21,6 +21,7 @@ from its correct features, and the FIRST finding must name the fault.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 from pathlib import Path
@@ -301,6 +302,53 @@ def test_exact_sign_tests_on_paired_positions():
     assert t["chain_wins_losses"] == [40, 0] and t["gain_depth1"] == pytest.approx(0.5)
     deep = paired_test(base, _outcome([0] * 20 + [1] * 20, [0] * 20 + [4] * 20))  # same depth 1, longer chains
     assert deep["p_depth1"] == 1.0 and deep["p_chain"] == 2**-20  # norm_output-like faults show up only here
+
+
+def test_divergences_over_two_draft_vocabularies_decide_nothing():
+    """KL(target || draft) renormalises the target over the draft vocabulary: another vocab map changes
+    what it measures. A trained draft's identity map once measured 6.33 -> 5.23 nats "better" (p 5e-18)
+    while every target token lost a nat of log-probability, and was named a vocab_map fault."""
+    base = _outcome([0] * 40, [0] * 40)
+    alt = _outcome([0] * 40, [0] * 40, [-2.0] * 40)  # each target token loses a nat...
+    alt.kl = base.kl - 1.0  # ...and the divergence drops by one
+    assert paired_test(base, alt)["p_kl"] < 1e-6  # one vocabulary (or unsaid): compared
+    base.vocabulary, alt.vocabulary = (64, 1), (64, 2)
+    t = paired_test(base, alt)
+    assert not t["kl_compared"] and t["p_kl"] == 1.0 and math.isnan(t["drop_kl"]) and not beats(t, 2)
+
+
+def test_a_draft_no_better_than_a_uniform_guess_is_trained_for_no_wiring():
+    """A draft a few steps into training accepted 0.03-0.16 under the wirings tried, each with a
+    log-probability of the target's tokens below a uniform guess's over its vocabulary: what its weights
+    lean to is not a fault. One wiring above the guess, or acceptance, and it is trained for something."""
+    from eyas.doctor.diagnose import _untrained
+
+    def row(depth1, logprob, uniform=-7.9):
+        return {"acceptance_depth1": depth1, "logprob": logprob, "uniform_logprob": uniform}
+
+    section = {"hypotheses": [row(0.158, -12.5), row(0.058, -8.96)], "trained_for": row(0.033, -8.97)}
+    assert _untrained(section).startswith("the draft's log-probability of the target's tokens is no better than a "
+                                          "uniform guess over its vocabulary under any wiring tried (at best -8.96")
+    section["hypotheses"].append(row(0.04, -7.0))
+    assert _untrained(section) is None
+    section = {"hypotheses": [row(0.01, -3.0)], "trained_for": row(0.02, -2.0)}
+    assert _untrained(section) == "depth-1 acceptance is below 0.05 under every wiring tried"
+
+
+def test_a_dump_is_held_against_the_layers_the_contract_names():
+    """What an engine feeds follows the config: a dump (or a cache) at the contract's layers is no
+    fault, whatever wiring the draft's weights were measured to fit better (that is the measured
+    finding's to say; a cache at the config's layers was once called captured wrong for it)."""
+    from types import SimpleNamespace
+
+    from conftest import tiny_contract
+    from eyas.doctor.dumps import dump_findings
+
+    c = tiny_contract(capture_layers=(1, 3, 4))
+    m = SimpleNamespace(H=c.target_hidden_size, N=6, contract=c, ckpt=SimpleNamespace(tensors={}))
+    matches = [{"chunk": i, "layer": k, "state": "raw", "shift": 0, "rel_error": 0.0, "cosine": 1.0,
+                "identified": True} for i, k in enumerate((1, 3, 4))]
+    assert dump_findings(matches, 3 * m.H, m, None, None, None, "feature cache") == []
 
 
 def test_the_evidence_per_answer_counts_answers_not_positions():

@@ -44,6 +44,12 @@ def test_float_knobs_that_are_not_finite_are_refused(target_dir, captured, tmp_p
     assert e.value.hint and not out.exists()
 
 
+def test_each_bad_count_is_named_with_the_flag_that_sets_it(target_dir, captured, tmp_path):
+    with pytest.raises(EyasError, match=r"save_every=-1 \(must be >= 0\); warmup=-2 \(must be >= 0\)") as e:
+        train(config(captured, tmp_path / "run", target_dir, save_every=-1, warmup=-2))
+    assert "max_steps is --max-steps" in e.value.hint and not (tmp_path / "run").exists()
+
+
 def test_an_infinite_lr_on_the_command_line_is_one_line_exit_2(target_dir, captured, tmp_path):
     c = config(captured, tmp_path / "run", target_dir)
     run = subprocess.run([sys.executable, "-m", "eyas", "train", *flags(c), "--lr", "inf"], env=env(),

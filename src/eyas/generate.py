@@ -25,6 +25,7 @@ from eyas.drafter_loading import load_drafter
 from eyas.dtype_choice import DECODE_DTYPES, resolve_dtype
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
+from eyas.machine import runs_on
 from eyas.target import Target, TargetRef
 
 __all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "TO_MEASURE", "TO_MEASURE_AGAIN",
@@ -206,6 +207,8 @@ def run_generate(
         "shape": shape or None,
         "shape_source": source,
         "ngram_tokens": 0 if alone else shape.get("ngram_tokens", ngram_tokens),
+        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
+        "runs_on": runs_on(next(target_model.model.parameters()).device),
         "stats": stats,
     }
 
@@ -217,5 +220,6 @@ def format_generate(result: dict) -> str:
              else "target alone" + (f" ({result['shape_source']})" if result["shape_source"] == TARGET_ALONE else ""))
     acc = " ".join("-" if a is None else f"{a:.2f}" for a in s["acceptance_by_depth"]) or "-"
     tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
-    return (f"{s['new_tokens']} tokens in {s['time_total_s']:.2f} s: {s['tokens_per_s'] or 0:.1f} tokens/s, "
-            f"{shape}, {result['dtype']} ({result['dtype_source']})\ntau {tau}; acceptance by depth {acc}")
+    return (f"{s['new_tokens']} tokens in {s['time_total_s']:.2f} s: {s['tokens_per_s'] or 0:.1f} tokens/s on "
+            f"{result['runs_on']}, {shape}, {result['dtype']} ({result['dtype_source']})\ntau {tau}; acceptance by "
+            f"depth {acc}")

@@ -91,6 +91,14 @@ def cpu_class() -> str:
     return kind
 
 
+def runs_on(device: torch.device) -> str:
+    """What a speed figure was measured on, in a few words: the GPU's name, or the CPU's kind and the
+    threads torch used (every speed figure eyas prints names it)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {cpu_class()}, {torch.get_num_threads()} threads"
+
+
 def machine_key() -> list:
     """[architecture, logical CPUs, instruction sets, the set torch dispatches to, torch threads]: what
     a timing depends on here. The dispatched set differs from the CPU's flags when it is capped

@@ -139,8 +139,9 @@ def check_config(c: TrainConfig) -> None:
     if c.draft_vocab is not None and c.draft_vocab < 1:
         bad.append(f"draft_vocab={c.draft_vocab} (must be >= 1)")
     bad += _float_problems(c)
-    if c.save_every < 0 or (c.eval_every is not None and c.eval_every < 0) or (c.warmup is not None and c.warmup < 0):
-        bad.append("save_every, eval_every and warmup must be >= 0")
+    for name in ("save_every", "eval_every", "warmup"):
+        if getattr(c, name) is not None and getattr(c, name) < 0:
+            bad.append(f"{name}={getattr(c, name)} (must be >= 0)")
     if not data_folders(c):
         bad.append(f"data={c.data!r} (a capture folder, or several joined by commas)")
     try:
@@ -152,7 +153,9 @@ def check_config(c: TrainConfig) -> None:
     if c.layer_convention and not c.init:
         bad.append(f"layer_convention={c.layer_convention!r} without init (it says how to read --init's layer ids)")
     if bad:
-        raise EyasError("invalid training settings: " + "; ".join(bad), "fix the flags named above")
+        raise EyasError("invalid training settings: " + "; ".join(bad),
+                        "fix the settings named above: each is the flag of that name with dashes (max_steps is "
+                        "--max-steps)")
 
 
 # --- the command line ----------------------------------------------------------------------------
