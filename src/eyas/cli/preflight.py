@@ -37,7 +37,7 @@ def at_least(args: argparse.Namespace, minimum: int, *names: str) -> None:
         value = getattr(args, name, None)
         if value is not None and value < minimum:
             raise EyasError(f"{_flag(name)} {value}: must be >= {minimum}",
-                            f"pass {_flag(name)} {max(minimum, 1)} or more, or leave it out for the default")
+                            f"pass {_flag(name)} {minimum} or more, or leave it out for the default")
 
 
 def sampling(args: argparse.Namespace) -> None:
@@ -441,6 +441,9 @@ def _serve_check(a: argparse.Namespace) -> None:
     prompts(a.prompts, limit=a.limit)
     output_file(a.dump, "--dump")
     apart(a.dump, "--dump", {"DRAFTER": a.drafter, "--target": a.target, "--prompts": a.prompts})
+    if a.dump is not None and not str(a.dump).endswith(".safetensors"):  # a notes.txt was silently replaced
+        raise EyasError(f"--dump {a.dump}: the dump is a safetensors file, and this name says otherwise",
+                        "end it in .safetensors (eyas doctor --features reads it)")
 
 
 VERBS: dict[str, Callable[[argparse.Namespace], None]] = {

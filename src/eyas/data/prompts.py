@@ -199,9 +199,8 @@ def _prompts_from_records(records, name: str, source: str, *, strict: bool) -> I
             raise FormatError(f"{origin}: {bad}", "a \\uD800-\\uDFFF escape must come in a high-low pair: fix the "
                               "escape or remove this record")
         elif strict:
-            found = sorted(record) if isinstance(record, dict) else type(record).__name__
             raise FormatError(
-                f"{origin}: no usable prompt (found {found})",
+                f"{origin}: {_no_prompt(record)}",
                 "each record needs `conversations` (or `messages`) with a non-empty human/user "
                 "turn, a `prompt` string, or `turns`; fix or remove this record",
             )
@@ -215,6 +214,14 @@ def not_unicode(text: str) -> str | None:
     except UnicodeEncodeError as e:
         return f"character {e.start + 1} ({text[e.start]!r}) is a lone surrogate, not Unicode text"
     return None
+
+
+def _no_prompt(record: Any) -> str:
+    """Why a record gives no prompt, for its error: a `prompt` that is no text or blank is named as such."""
+    if isinstance(record, dict) and "prompt" in record:
+        value = record["prompt"]
+        return f"`prompt` is {'blank' if isinstance(value, str) else type(value).__name__ + ', not text'}"
+    return f"no usable prompt (found {sorted(record) if isinstance(record, dict) else type(record).__name__})"
 
 
 def _first_human_turn(record: Any) -> str | None:
