@@ -325,6 +325,19 @@ def test_resume_after_sigkill_reaches_the_same_weights(target_dir, captured, tmp
     assert steps == list(range(1, 31))  # records past the checkpoint were dropped, then rewritten
 
 
+def test_resuming_a_finished_run_measures_nothing_again(target_dir, captured, tmp_path):
+    """--resume after the last step takes no step: the summary's loss and held-out eval are the log's,
+    and the log gains no second eval record of that step."""
+    c = config(captured, tmp_path / "run", target_dir, max_steps=4, eval_fraction=0.3)
+    done = train(c)
+    before = (tmp_path / "run" / "train_log.jsonl").read_text()
+    again = train(TrainConfig(**{**vars(c), "resume": True}))
+    assert (tmp_path / "run" / "train_log.jsonl").read_text() == before
+    assert (again["steps"], again["loss"], again["acc_by_step"]) == (done["steps"], done["loss"], done["acc_by_step"])
+    assert {k: again["eval"][k] for k in ("step", "tau", "accept_depth1", "tau_ci95")} == {
+        k: done["eval"][k] for k in ("step", "tau", "accept_depth1", "tau_ci95")}  # as logged (NaN: null)
+
+
 def torchrun_train(captured: Path, tmp_path: Path, target_dir: Path) -> tuple[subprocess.CompletedProcess, Path]:
     """`torchrun --nproc_per_node=2 -m eyas train` (gloo), and the run's folder. Rank 1 used to abort at
     exit ("terminate called without an active exception") in 6 runs of 15 on 2 busy cores: a reference

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             _json_error(str(e), e.hint)
         return 2
     except Interrupted as e:  # SIGINT / SIGTERM: what was kept (capture, train: how to resume)
-        print(e, file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank is told; rank 0 says it once
+            print(e, file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # the reader of stdout left (`eyas inspect | head`): stop quietly, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again

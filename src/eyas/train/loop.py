@@ -50,6 +50,7 @@ from eyas.train.checkpoint import (
     load_state,
     plot_curves,
     prepare,
+    read_log,
     refuse_old_run,
     save_state,
     set_rng_state,
@@ -218,6 +219,8 @@ class _Run:
         bar = tqdm(total=self.total, initial=self.step, unit="step", desc="train", file=sys.stderr,
                    disable=not (c.progress and self.main))
         self.last: dict[str, Any] = {"loss": None, "acc_by_step": None, "eval": None}
+        if self.main and self.state and self.step >= self.total:
+            self.recall_last()
         self.good_checkpoint = self.resumed_from
         self.guard.hold(self.world_size == 1)  # one process: a signal waits for the end of the step
         while self.step < self.total:
@@ -240,6 +243,15 @@ class _Run:
                 self.stop_here()
         self.guard.hold(False)
         bar.close()
+
+    def recall_last(self) -> None:
+        """A run resumed after its last step takes none: its last loss and held-out eval are the log's
+        records of that step (measured again, a second eval record was appended to the log)."""
+        for record in read_log(self.files.log) if self.files.log.is_file() else []:
+            if record.get("step") == self.step and record.get("kind") == "train":
+                self.last.update(loss=record["loss"], acc_by_step=record["acc_by_step"])
+            elif record.get("step") == self.step and record.get("kind") == "eval":
+                self.last["eval"] = record
 
     def train_step(self, batch_ids: list[int]) -> dict[str, Any]:
         """One optimizer step on a global batch; returns its log record."""
