@@ -296,6 +296,7 @@ def test_no_output_lands_in_any_feature_cache(world, tmp_path, capsys, no_loadin
     other.mkdir()
     (other / "manifest.json").write_text(json.dumps({"name": "a web app"}))
     (other / "state.json").write_text("{}")
+    (other / "last.ckpt").write_bytes(b"a Lightning checkpoint")
     preflight.apart(other / "out.png", "--plot", {})
 
 

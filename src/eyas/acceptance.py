@@ -83,7 +83,7 @@ def _ratio(num: float, den: float, plus: float = 0.0) -> float:
 def _chain_report(c: dict[str, Tensor]) -> dict:
     hit, reached, run, n = c["hit"].tolist(), c["reached"].tolist(), c["run"].tolist(), int(c["starts"])
     return {"acceptance_by_depth": [_ratio(h, r) for h, r in zip(hit, reached)], "depth_counts": reached,
-            "tau_chain": {str(k): _ratio(run[k - 1], n, 1.0) for k in range(1, len(run) + 1)}}
+            "tau_chain": {str(k): _ratio(run[k - 1], n, 1.0) for k in range(1, len(run) + 1)}, "chain_starts": n}
 
 
 def tree_counts(topk_ids: Tensor, truth: Tensor, valid: Tensor, depth: int) -> Tensor:

@@ -66,6 +66,8 @@ def format_eval(rep: dict[str, Any]) -> str:
     for j, (acc, n) in enumerate(zip(rep["acceptance_by_depth"], rep["depth_counts"])):
         k, tau = taus[j]
         lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
+    lines.append(f"tau_chain over the {rep['chain_starts']} chain starts whose next {len(taus)} target tokens are "
+                 "known (every k, so tau grows with k; depth-1 counts every position)")
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
     lines += _format_intervals(rep)

@@ -244,7 +244,8 @@ def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="stored features: an eyas capture folder or another trainer's cache (SpecForge, "
                    "speculators, ModelOpt, ...: see --data-format; detected)")
     add_data_format(p)
-    p.add_argument("--prompts", help="a prompt file, or mtbench (default when --data is not given)")
+    p.add_argument("--prompts", help="a prompt file, or a packaged set: mtbench (default when --data is not given), "
+                   "sharegpt, sharegpt-clean, sharegpt-turns")
     add_target(p)
     add_device(p)
     p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts or samples")
@@ -316,7 +317,8 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--engine", choices=("vllm",), default="vllm",
                    help="the engine (installed by scripts/install-engines.sh; default: vllm)")
     add_target(p)
-    p.add_argument("--prompts", default="mtbench", help="a prompt file, or mtbench (default: mtbench)")
+    p.add_argument("--prompts", default="mtbench", help="a prompt file, or a packaged set: mtbench (default), "
+                   "sharegpt, sharegpt-clean, sharegpt-turns")
     p.add_argument("--limit", type=int, default=10, metavar="N", help="prompts served (default: 10)")
     p.add_argument("--draft-tokens", type=int, default=5, metavar="K", help="draft tokens per step (default: 5)")
     add_max_new_tokens(p, 64, "answer tokens per prompt")

@@ -101,14 +101,15 @@ def _detect_folder(folder: Path) -> str:
     raise FormatError(f"{folder}: no feature cache found ({_contents(folder)})", formats_hint())
 
 
-_GROUP = re.compile(r"rows_\d+-\d+")  # SpecForge's sample groups (specforge.py)
+# SpecForge's sample groups and samples (specforge.py); not any *.ckpt: Lightning writes those anywhere
+_SPECFORGE_NAME = re.compile(r"rows_\d+-\d+|data_\d+\.ckpt(\.gz)?")
 
 
 def marked_cache(folder: Path) -> str | None:
     """The format of the feature cache `folder` is, by its markers one listing deep, or None: an eyas
     capture's manifest, a speculators dataset with its hidden states, SpecForge's sample groups or
-    samples. Every folder above an output is asked (`eyas.cli.preflight.apart`), so nothing is walked,
-    and a manifest.json or state.json of anything else is no cache."""
+    samples (by their names). Every folder above an output is asked (`eyas.cli.preflight.apart`), so
+    nothing is walked, and a manifest.json, state.json or last.ckpt of anything else is no cache."""
     if not folder.is_dir():
         return None
     if native.is_shards(folder):
@@ -124,7 +125,7 @@ def marked_cache(folder: Path) -> str | None:
         names = os.listdir(folder)
     except OSError:
         return None
-    if any(n.endswith(specforge.SUFFIXES) or _GROUP.fullmatch(n) for n in names):
+    if any(_SPECFORGE_NAME.fullmatch(n) for n in names):
         return specforge.FORMAT
     return None
 
