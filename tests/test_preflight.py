@@ -237,7 +237,8 @@ def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
     refused(capsys, ["serve-check", d, "--prompts", prompts, "--dump", d / "config.json", "--target", t], "(DRAFTER)")
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    refused(capsys, ["serve-check", d, "--prompts", prompts, "--dump", notes, "--target", t], "the dump is a safetensors")
+    refused(capsys, ["serve-check", d, "--prompts", prompts, "--dump", notes, "--target", t],
+            "the dump is a safetensors")
     assert notes.read_text() == "mine"
     refused(capsys, ["capture", "--prompts", prompts, "--out", t, "--target", t], "(--out) is", "(--target)")
     box = tmp_path / "box"

@@ -286,7 +286,8 @@ def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path
     assert any("does not record its layers" in n for n in rep["notes"])
     assumed = rep["cache"]["capture_layers"]  # what the reader assumed, set beside what the sample holds
     said = "as assumed" if assumed == [2, 3, 4] else f"not the assumed {assumed}"  # the last through the final norm:
-    assert any(n.startswith(f"the cache's first sample holds capture [2, 3, 4], {said} (not all raw") for n in rep["notes"])
+    held = f"the cache's first sample holds capture [2, 3, 4], {said} (not all raw"
+    assert any(n.startswith(held) for n in rep["notes"])
     assert any(n.startswith("2 samples of the cache measured: under 5") for n in rep["notes"])  # too few to confirm
 
 

@@ -443,8 +443,9 @@ class Drafter(nn.Module):
         position_ids + j (position_ids default 1 + arange(T), speculators' convention; rope is
         relative, so only differences matter; a sliding window counts back from t + j). `steps`
         calls of `forward`: by default on a `TTTCache` (`eyas.ttt_attention`: step-0 scores plus one
-        diagonal column per later step, steps * T^2). `masked=True` is the reference it is tested against: every step's keys
-        appended to one DraftCache under one boolean mask (`ttt_mask`), steps^2 * T^2.
+        diagonal column per later step, steps * T^2). `masked=True` is the reference it is tested
+        against: every step's keys appended to one DraftCache under one boolean mask (`ttt_mask`),
+        steps^2 * T^2.
 
         `rows` [R] (increasing; diagonal attention only): the positions whose outputs are wanted
         (evaluation's chain starts). Step 0 runs at every position (later steps attend to its keys),

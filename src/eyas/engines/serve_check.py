@@ -4,13 +4,13 @@ The engine (vLLM, in its own venv and process: `eyas.engines.launch`) generates 
 (greedily, or sampling at a temperature) and reports its spec-decode counters, its wiring (from its
 live model objects) and what it fed the draft (a dump). eyas then measures the same draft on the
 SAME token sequences (`eyas.engines.predict`) and compares (`eyas.engines.compare`): acceptance
-within noise, the engine's wiring equal to the contract, and the engine's drafts eyas's. Served minus predicted, prompt by
-prompt from the engine's counters per request, is reported with its paired 95% interval over
-resampled prompts. When sampling, eyas's expectation is taken on the engine's own draft steps, the
-engine's tokens are tested against the target's distribution, and the same engine without
-speculation is the control. When they disagree, `explanation` says why, from the engine's own
-report, eyas's consumer view (`eyas.check.consumers`, which also predicts refusals) and, when the
-engine fed other states than the contract's, the doctor's dump analysis.
+within noise, the engine's wiring equal to the contract, and the engine's drafts eyas's. Served
+minus predicted, prompt by prompt from the engine's counters per request, is reported with its
+paired 95% interval over resampled prompts. When sampling, eyas's expectation is taken on the
+engine's own draft steps, the engine's tokens are tested against the target's distribution, and the
+same engine without speculation is the control. When they disagree, `explanation` says why, from
+the engine's own report, eyas's consumer view (`eyas.check.consumers`, which also predicts refusals)
+and, when the engine fed other states than the contract's, the doctor's dump analysis.
 """
 
 from __future__ import annotations
