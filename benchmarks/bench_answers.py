@@ -25,6 +25,7 @@ import time
 import torch
 
 from eyas.bench import git_commit
+from eyas.machine import runs_on
 from eyas.data import answer, encode_prompts, read_prompts
 from eyas.devices import parse_device, synchronize
 from eyas.dtypes import to_dtype
@@ -76,8 +77,8 @@ def main() -> None:
         report[size] = {"tokens_per_s": rate, "tokens": tokens, "seconds": seconds, "same_answers": same, "rows": rows}
         print(f"batch {size:>4}: generate {rate['generate']:8.1f} tok/s, eyas {rate['eyas']:8.1f} tok/s "
               f"({rate['eyas'] / rate['generate']:.2f}x generate); {same}/{rows} answers identical", file=sys.stderr)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else torch.backends.cpu.get_cpu_capability()
-    print(f"{where}, {torch.get_num_threads()} threads, {dtype}, {a.max_new_tokens} new tokens at most, "
+    where = runs_on(device)
+    print(f"{where}, {dtype}, {a.max_new_tokens} new tokens at most, "
           f"prompt + answer <= {a.max_length}, "
           f"temperature {a.temperature}", file=sys.stderr)
     print(json.dumps({"bench": "answers", "device": where, "dtype": str(dtype), "threads": torch.get_num_threads(),

@@ -29,6 +29,7 @@ import time
 import torch
 
 from eyas.bench import git_commit
+from eyas.machine import cpu_class
 from eyas.contract import default_capture_layers
 from eyas.target import Target
 
@@ -84,7 +85,8 @@ def bench_capture(target: str | None = None, *, dtypes=("float32", "bfloat16"), 
         "results": results,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": platform.machine(),
+        "cpu_class": cpu_class(),
         "commit": git_commit(),
     }
 
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(a.threads)
     out = bench_capture(a.target, dtypes=tuple(a.dtypes.split(",")), prompts=a.prompts, tokens=a.tokens,
                         repeats=a.repeats)
+    print(f"CPU {out['cpu_class']}, {out['threads']} threads", file=sys.stderr)
     for dtype, r in out["results"].items():
         print(f"{dtype}: plain {r['plain_s']:.3f} s for {out['prompts']} prompts ({r['plain_tokens_per_s']} tok/s), capture "
               f"{r['capture_ratio']:.3f}x, capture without logits {r['capture_nl_ratio']:.3f}x, "

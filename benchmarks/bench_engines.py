@@ -23,6 +23,7 @@ from eyas.bench import run_bench
 from eyas.drafter_loading import resolve_drafter
 from eyas.engines import run_vllm
 from eyas.engines.serve_check import engine_job, prompt_ids, timeout_for, vllm_spec
+from eyas.machine import cpu_class
 from eyas.target import Target, resolve_target
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -60,7 +61,7 @@ def bench_engines(limit: int = 6, max_new_tokens: int = 64, ks: tuple[int, ...] 
     best = max(eagle, key=lambda n: eagle[n]["speedup"]) if eagle else None
     return {"vllm": result["version"], "prompts": len(ids), "max_new_tokens": max_new_tokens, "best_eagle3": best,
             "shapes": mine.get("shapes"), "rows": rows, "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+            "cpu_class": cpu_class(), "threads": torch.get_num_threads()}
 
 
 def main() -> None:
@@ -70,6 +71,7 @@ def main() -> None:
     ap.add_argument("--ks", default="1,3,5", help="draft lengths tried for vLLM's EAGLE-3 (best reported)")
     a = ap.parse_args()
     rep = bench_engines(a.limit, a.max_new_tokens, tuple(int(k) for k in a.ks.split(",")))
+    print(f"CPU {rep['cpu_class']}, {rep['threads']} threads (eyas's side; vLLM runs its own)", file=sys.stderr)
     print(f"{'method':<18} {'tokens/s':>9} {'speedup':>8}  notes", file=sys.stderr)
     for name, r in sorted(rep["rows"].items(), key=lambda kv: not kv[0].startswith("vllm")):
         if "tokens_per_s" not in r:

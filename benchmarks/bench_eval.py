@@ -21,6 +21,7 @@ import time
 import torch
 
 from eyas.bench import git_commit
+from eyas.machine import cpu_class
 from eyas.data import open_shards
 from eyas.drafter_loading import load_drafter
 from eyas.evaluate import evaluate_samples
@@ -60,9 +61,9 @@ def main() -> None:
               f"(CPU {r['cpu_seconds']} s) = {r['tokens_per_s']} tokens/s, {r['answer_positions_per_s']} answer "
               "positions/s", file=sys.stderr)
     ratio = runs["bf16"]["tokens_per_s"] / runs["fp32"]["tokens_per_s"]
-    print(f"bf16 / fp32 throughput: {ratio:.2f}x", file=sys.stderr)
+    print(f"bf16 / fp32 throughput: {ratio:.2f}x on CPU {cpu_class()}, {torch.get_num_threads()} threads", file=sys.stderr)
     print(json.dumps({"bench": "eval", **runs, "bf16_over_fp32": round(ratio, 3), "depth": args.depth,
-                      "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": git_commit()}))
+                      "cpu_class": cpu_class(), "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": git_commit()}))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 
 import eyas.decode.loop as loop
 from eyas.bench import git_commit
+from eyas.machine import cpu_class
 from eyas.bench.prompts import bench_prompts
 from eyas.data import eos_ids
 from eyas.decode.ngram import BranchLength
@@ -69,12 +70,12 @@ def main() -> None:
                 totals[v][name][1] += stats["new_tokens"]
     loop.BranchLength = BranchLength
     rate = {v: {s: n / t for s, (t, n) in totals[v].items()} for v in names}
-    print(f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, {dtype}, chain k=1, "
+    print(f"CPU {cpu_class()}, {torch.get_num_threads()} threads, {dtype}, chain k=1, "
           f"{a.limit} prompts per set x {a.max_new_tokens} tokens", file=sys.stderr)
     for v in names:
         print(f"{v:>11}: " + "; ".join(f"{s} {rate[v][s]:.1f} tok/s ({rate[v][s] / rate['none'][s]:.2f}x no branch)"
                                        for s in sets), file=sys.stderr)
-    print(json.dumps({"bench": "ngram", "isa": torch.backends.cpu.get_cpu_capability(), "dtype": str(dtype),
+    print(json.dumps({"bench": "ngram", "cpu_class": cpu_class(), "dtype": str(dtype),
                       "threads": torch.get_num_threads(), "commit": git_commit(), "tokens_per_s": rate,
                       "new_tokens": {v: {s: totals[v][s][1] for s in sets} for v in names}}))
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from eyas.machine import cpu_class, cpu_model
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the cache writers the tests use (the trainers' layouts)
@@ -135,10 +136,6 @@ def measure(shape: str, root: Path, device: str, samples: int, tokens: int, temp
             "cache_gb_per_1m_tokens": round(bytes_per_token(dims["hidden_size"]) * 1e6 / 1e9, 1)}
 
 
-def cpu_isa() -> str:
-    return torch.backends.cpu.get_cpu_capability()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="llama-3.1-8b,qwen3-235b,deepseek-v3")
@@ -164,7 +161,7 @@ def main() -> None:
         if out.returncode:
             sys.exit(f"{shape} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    machine = {"cpu": platform.processor() or platform.machine(), "isa": cpu_isa(), "threads": torch.get_num_threads(),
+    machine = {"cpu": cpu_model(), "cpu_class": cpu_class(), "threads": torch.get_num_threads(),
                "torch": torch.__version__}
     if a.json:
         print(json.dumps({"machine": machine, "rows": rows}, indent=2))

@@ -29,6 +29,7 @@ import time
 import torch
 
 from eyas.bench import git_commit
+from eyas.machine import cpu_class
 from eyas.contract import contract_for_target
 from eyas.drafter import Drafter
 from eyas.shift import label_ids
@@ -109,6 +110,7 @@ def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: i
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.machine(),
+        "cpu_class": cpu_class(),
         "commit": git_commit(),
     }
 
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--dtypes takes {','.join(DTYPES)}, --attentions {','.join(ATTENTIONS)}")
     r = bench_train(args.target, draft_vocab=args.draft_vocab, tokens=args.tokens, ttt_steps=args.ttt_steps,
                     repeats=args.repeats, dtypes=dtypes, attentions=attentions)
+    print(f"CPU {r['cpu_class']}, {r['threads']} threads", file=sys.stderr)
     for d in dtypes:
         for a in attentions:
             v = f"{d}_{a}"
