@@ -716,6 +716,9 @@ def test_the_doctor_measures_a_cache_on_its_first_samples(healthy, target_dir, a
     first = rep["findings"][0]
     assert (first["fault"], first["source"]) == ("capture_layers", "feature cache"), format_report(rep)
     assert first["evidence"].startswith("feature cache: ")
+    # the cache is at fault, not the draft's config (which already names LAYERS) nor an engine
+    assert first["title"] == f"the cache holds layers {[k + 1 for k in LAYERS]}; the draft reads {LAYERS}"
+    assert first["fix"].startswith(f"capture the cache again at capture layers {LAYERS} (one layer deeper")
     assert [c["layer"] for c in rep["dump"]["chunks"]] == [k + 1 for k in LAYERS] == rep["cache"]["layers_found"]
     assert f"the cache's first sample holds capture {[k + 1 for k in LAYERS]}, as recorded" in rep["notes"]
 

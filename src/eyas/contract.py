@@ -91,9 +91,9 @@ class DraftContract:
     layer_type: str = "llama"  # "qwen3" adds q_norm/k_norm; another type only with `unsupported`
     hidden_act: str = "silu"
     attention_bias: bool = False
-    # the draft layer attends over its last N tokens (`layer_types` "sliding_attention", `sliding_window`);
-    # None: over the whole context. eyas's own forward attends over all of it
-    # (the same while a context is at most N tokens): eyas.formats.parse warns where it is set
+    # the draft layer attends over its last N tokens, itself included (`layer_types` "sliding_attention",
+    # `sliding_window`); None: over the whole context. The drafter applies it as vLLM does
+    # (eyas.ttt_attention.in_window; pinned by serve-check, tests/test_engine_vllm.py)
     sliding_window: int | None = None
     # --- norm flags (engine defaults differ: always written explicitly) ---
     norm_before_residual: bool = False  # residual = hidden_norm(h) instead of raw h

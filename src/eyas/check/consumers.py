@@ -106,8 +106,10 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
                           "lm_head (llm_base_proposer._maybe_share_lm_head)")
     r["norm_before_residual"], r["norm_flags"], r["embeddings"] = nbr, flags, _embeddings(c, replaces_own=False)
     if c.sliding_window is not None:
-        r["notes"].append(f"layer_types sliding_attention: the draft layer attends over its last {c.sliding_window} "
-                          "tokens (models/llama.py reads layer_types at the draft's own layer index)")
+        w = c.sliding_window
+        r["notes"].append(f"layer_types sliding_attention: the draft layer attends over its last {w} "
+                          f"token{'s' * (w != 1)}, as eyas's does (models/llama.py reads layer_types at the draft's "
+                          "own layer index)")
     scaling = c.rope_scaling or {}
     if rope_kind(scaling) == "dynamic" and scaling.get("factor") is None:
         r["loads"] = False

@@ -232,11 +232,13 @@ def _same_weights(manifest: dict, where: Path, name: str, now: str | None) -> No
 
 def check_target(manifest: dict, where: Path, want: str | Target | TargetRef) -> None:
     """A capture from another target is refused, naming both. `want`: the target or its name (then
-    compared by name alone). Where the manifest records the digest of the target's weights
-    (`TargetRef.norm_digest`) and the target given has its final norm here, the digests decide: a copy
-    or a move under another name (a judging machine that holds only the head, docs/bring-your-draft.md's
-    671B walk-through) is accepted, and the same name holding other weights is refused. Without a digest,
-    a folder's copy (both names absolute paths, every dimension recorded equal) is accepted with a
+    compared by name alone). Where the manifest records the digest of the target's final norm
+    (`TargetRef.norm_digest`) and the target given has its final norm here, a digest that differs is
+    refused (the same name holding other weights, or another model of the same shape), and a copy or a
+    move under another name with the same digest (a judging machine that holds only the head,
+    docs/bring-your-draft.md's 671B walk-through) is accepted with a warning: the norm is all the
+    digest covers, and a fine-tune that leaves it (a merged LoRA) matches too. Without a digest, a
+    folder's copy (both names absolute paths, every dimension recorded equal) is accepted with a
     warning that eyas takes them as one model."""
     got, name = manifest["target"], getattr(want, "name", want)
     then = manifest.get(NORM_DIGEST)
@@ -246,6 +248,10 @@ def check_target(manifest: dict, where: Path, want: str | Target | TargetRef) ->
     dims = {k: getattr(want, k, None) for k in _DIMS}
     if dims == {k: got.get(k) for k in _DIMS}:
         if now is not None and now == then:
+            warnings.warn(f"{where}: captured from the target at {got['name']}, given {name}: its final norm's "
+                          f"digest matches ({now}), taken as the same model, copied or moved (the digest covers the "
+                          "final norm only: a fine-tune that leaves it, as a merged LoRA does, matches too)",
+                          stacklevel=2)
             return None
         if now is None and Path(got["name"]).is_absolute() and Path(name).is_absolute():
             warnings.warn(f"{where}: captured from the target at {got['name']}, given {name}: the same dimensions "

@@ -32,6 +32,8 @@ MATCH_COSINE = 0.95  # a dump chunk "is" a target state above this cosine and be
 MATCH_REL_ERROR = 0.3
 DUMP_ORDER = ("fc_skipped", "capture_layers", "concat_order", "normalized_features", "position_shift")
 
+CACHE = "feature cache"  # a finding's source where a trainer's cache, not an engine, fed the features
+
 
 def check_dump(dump: tuple[Tensor, Tensor], tgt: TargetRef | Target, path: str | Path) -> None:
     """A dump from another target or tokenizer cannot be matched: say so instead of matching noise."""
@@ -109,6 +111,15 @@ def _layers_fix(got: list[int], want: tuple[int, ...], N: int, ckpt: Checkpoint)
     return f"make the engine capture layers {list(want)} (the draft's ids: {config_edits(ckpt, 'layers', want)})"
 
 
+def _cache_layers_fix(got: list[int], want: tuple[int, ...]) -> str:
+    """A feature cache taken at other layers than the draft reads: capture it again, or train for it."""
+    deeper = (" (one layer deeper everywhere: ids written as capture indices where the trainer reads outputs of "
+              "layers, as SpecForge and SGLang do)") if got == [k + 1 for k in want] else ""
+    return (f"capture the cache again at capture layers {list(want)}{deeper} (eyas capture --capture-layers "
+            f"{','.join(map(str, want))}; SpecForge takes them from the draft config it is given, speculators from "
+            f"--target-layer-ids), or train a draft that reads {got} on this cache")
+
+
 def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, finding) -> list[dict[str, Any]]:
     """The engine fed another number of states than the draft reads: one state (fc skipped) or another count."""
     if W == H and len(want) > 1:
@@ -142,6 +153,9 @@ def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Ou
             out.append(finding("concat_order", f"the engine concatenated layers {got}; the draft reads {list(want)}",
                                "concatenate in the draft's order (engines append in layer order; a custom capture "
                                f"must too), or {block_fix(tuple(got), want, H, m.contract)}"))
+        elif source == CACHE:  # the trainer's capture holds other layers: the draft's config is not at fault
+            out.append(finding("capture_layers", f"the cache holds layers {got}; the draft reads {list(want)}",
+                               _cache_layers_fix(got, want)))
         else:
             out.append(finding("capture_layers", f"the engine captured layers {got}; the draft reads {list(want)}",
                                _layers_fix(got, want, m.N, ckpt)))
@@ -187,7 +201,7 @@ def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt:
     measurer holds its one sequence)."""
     sample = m.cap.samples[0]
     matches = match_dump(features, sample, m)
-    source = "engine dump" if fed is None else "feature cache"
+    source = "engine dump" if fed is None else CACHE
     fed = fed or [features]
     on_dump, correct = _dump_outcome(m, final, fed), m.measure(final)
     findings = dump_findings(matches, features.shape[1], m, on_dump, correct, ckpt, source)
