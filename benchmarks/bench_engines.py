@@ -4,11 +4,12 @@ over ITS OWN engine's plain greedy (vLLM plain for vLLM's rows, eyas's target-on
 
     .venv/bin/python benchmarks/bench_engines.py [--limit 6] [--max-new-tokens 64] [--ks 1,3,5]
 
-Needs the engine (bash scripts/install-engines.sh). fp32 everywhere (these CPUs have no bf16 dot
-products; vLLM runs fp32 here), greedy, batch 1, chat-templated MT-bench prompts. vLLM runs in one
-worker process, one engine per configuration, each warmed up on one short request before timing;
-its tokens/s is generated tokens over the wall time of generate (prefill included), prompt by prompt.
-eyas's rows come from `eyas.bench.run_bench` (its own warm-up and interleaved timing).
+Needs the engine (bash scripts/install-engines.sh). fp32 everywhere (vLLM runs fp32 here; the
+2-core EPYC it was first run on has no bf16 dot products), greedy, batch 1, chat-templated MT-bench
+prompts. vLLM runs in one worker process, one engine per configuration, each warmed up on one short
+request before timing; its tokens/s is generated tokens over the wall time of generate (prefill
+included), prompt by prompt. eyas's rows come from `eyas.bench.run_bench` (its own warm-up and
+interleaved timing).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 
 import torch
 
-from eyas.bench import run_bench
+from eyas.bench import git_commit, run_bench
 from eyas.drafter_loading import resolve_drafter
 from eyas.engines import run_vllm
 from eyas.engines.serve_check import engine_job, prompt_ids, timeout_for, vllm_spec
@@ -61,7 +62,7 @@ def bench_engines(limit: int = 6, max_new_tokens: int = 64, ks: tuple[int, ...] 
     best = max(eagle, key=lambda n: eagle[n]["speedup"]) if eagle else None
     return {"vllm": result["version"], "prompts": len(ids), "max_new_tokens": max_new_tokens, "best_eagle3": best,
             "shapes": mine.get("shapes"), "rows": rows, "torch": torch.__version__,
-            "cpu_class": cpu_class(), "threads": torch.get_num_threads()}
+            "cpu_class": cpu_class(), "threads": torch.get_num_threads(), "commit": git_commit()}
 
 
 def main() -> None:
@@ -69,7 +70,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--ks", default="1,3,5", help="draft lengths tried for vLLM's EAGLE-3 (best reported)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads on eyas's side (default: torch's)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     rep = bench_engines(a.limit, a.max_new_tokens, tuple(int(k) for k in a.ks.split(",")))
     print(f"CPU {rep['cpu_class']}, {rep['threads']} threads (eyas's side; vLLM runs its own)", file=sys.stderr)
     print(f"{'method':<18} {'tokens/s':>9} {'speedup':>8}  notes", file=sys.stderr)

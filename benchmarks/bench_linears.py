@@ -30,6 +30,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from eyas.bench import git_commit
 from eyas.decode import bf16_kernel
 from eyas.decode.cost import clock
 from eyas.decode.packed import pack
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ms = {name: time_ms(run, sizes, args.repeats) for name, run in found["runs"].items()}
     t1 = min(row[1] for row in ms.values()) if 1 in sizes else None
     report = {"cpu": cpu_model(), "cpu_class": cpu_class(), "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "bf16_packed": bf16_packed, "ms": ms, "best_T1_ms": t1}
+              "torch": torch.__version__, "bf16_packed": bf16_packed, "ms": ms, "best_T1_ms": t1,
+              "commit": git_commit()}
     lines = [f"{report['cpu']} ({report['cpu_class']}), {report['threads']} threads, torch {report['torch']}; "
              f"bf16 {'packed by oneDNN' if bf16_packed else 'not packable by oneDNN here'}",
              "ms per forward's products by new tokens M  (T(M) / fastest T(1): the tau to break even)",

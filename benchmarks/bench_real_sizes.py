@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.bench import git_commit
 from eyas.machine import cpu_class, cpu_model
 
 HERE = Path(__file__).resolve().parent
@@ -162,7 +163,7 @@ def main() -> None:
             sys.exit(f"{shape} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     machine = {"cpu": cpu_model(), "cpu_class": cpu_class(), "threads": torch.get_num_threads(),
-               "torch": torch.__version__}
+               "torch": torch.__version__, "commit": git_commit()}
     if a.json:
         print(json.dumps({"machine": machine, "rows": rows}, indent=2))
         return

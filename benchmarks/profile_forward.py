@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from eyas.bench import bench_prompts
+from eyas.bench import bench_prompts, git_commit
 from eyas.data import eos_ids
 from eyas.decode import (
     chain_tree,
@@ -56,7 +56,7 @@ from eyas.drafter import DraftCache
 from eyas.drafter_loading import load_drafter
 from eyas.dtypes import short_name, to_dtype
 from eyas.generate import chat_ids
-from eyas.machine import cpu_flags, cpu_model
+from eyas.machine import cpu_class, cpu_flags, cpu_model
 from eyas.target import Target
 
 
@@ -174,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = [int(x) for x in args.sizes.split(",")]
-    report = {"bandwidth_gbs": bandwidth_gbs(), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
-              "threads": torch.get_num_threads(), "torch": torch.__version__, "context": args.context, "dtypes": {}}
+    report = {"bandwidth_gbs": bandwidth_gbs(), "cpu": cpu_model(), "cpu_class": cpu_class(), "cpu_flags": cpu_flags(),
+              "commit": git_commit(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "context": args.context, "dtypes": {}}
     for name in args.dtypes.split(","):
         dtype = to_dtype(name)
         target = Target.load(args.target, dtype=dtype)
