@@ -850,6 +850,12 @@ def test_attention_kinds_eyas_cannot_run_or_a_window_without_its_size(tmp_path):
     assert "attention kinds ['chunked_attention']" in mixed.contract.unsupported
     with pytest.raises(FormatError, match=r"config.json: field 'sliding_window' is missing"):
         read_checkpoint(_config_with(tmp_path, "n", "eagle", layer_types=["sliding_attention"], sliding_window=None))
+    null = _config_with(tmp_path, "z", "eagle", layer_types=["sliding_attention"], sliding_window=8)
+    cfg = json.loads((null / "config.json").read_text())
+    (null / "config.json").write_text(json.dumps({**cfg, "sliding_window": None}))  # there, but null
+    with pytest.raises(FormatError, match=r"config.json: field 'sliding_window' is null") as e:
+        read_checkpoint(null)
+    assert e.value.hint.startswith("set sliding_window in")
     with pytest.raises(FormatError, match=r"field 'transformer_layer_config.layer_types' is 'full_attention'"):
         read_checkpoint(_config_with(tmp_path, "s", "speculators", layer_types="full_attention"))
 

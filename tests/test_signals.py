@@ -138,3 +138,22 @@ def test_any_verb_stopped_mid_write_leaves_nothing_and_says_so_in_one_line(sig, 
         "so none was left half-written"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
     assert signal.getsignal(sig) is not None and signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_cli_imports_is_one_line_too(sig, capsys, monkeypatch):
+    """The console script (`eyas.__main__.run`) answers a signal during the second the CLI takes to
+    import (torch) with one line and 128 + the signal, where Python printed a KeyboardInterrupt
+    traceback; the handlers it set are the previous ones again before the verb runs."""
+    import eyas.cli
+    from eyas.__main__ import _before_the_cli, run
+
+    with pytest.raises(SystemExit) as e:
+        _before_the_cli(sig, None)
+    assert e.value.code == 128 + sig
+    assert capsys.readouterr().err == (f"interrupted by {signal.Signals(sig).name}: stopped before the command began; "
+                                       "nothing was written\n")
+    before = signal.getsignal(sig)
+    seen = []
+    monkeypatch.setattr(eyas.cli, "main", lambda: seen.append(signal.getsignal(sig)) or 0)
+    assert run() == 0 and seen == [before] and signal.getsignal(sig) == before

@@ -31,7 +31,9 @@ class Parsed:
         value = src.get(key)
         if value is None:
             if default is _REQUIRED:
-                raise FormatError(f"{self.file}: field '{where}{key}' is missing", f"add {where}{key} to {self.file}")
+                how = "is null" if key in src else "is missing"
+                raise FormatError(f"{self.file}: field '{where}{key}' {how}", f"set {where}{key} in {self.file}"
+                                  if key in src else f"add {where}{key} to {self.file}")
             self.fields[key], self.origin[key] = default, f"default {default!r} ({where}{key} not in {self.file})"
             self.assumed.add(key)
             return default
