@@ -360,6 +360,13 @@ def test_a_copied_target_is_known_by_the_digest_of_its_weights(captured, target,
     with every recorded dimension equal is accepted with a warning, and other dimensions are refused."""
     manifest = json.loads((captured / MANIFEST).read_text())
     assert manifest[NORM_DIGEST] == TargetRef.resolve(target.path).norm_digest()
+    pickled = tmp_path / "pickled"  # one pickle is read whole for one tensor: no digest taken from it
+    pickled.mkdir()
+    shutil.copy(target.path / "config.json", pickled / "config.json")
+    from safetensors.torch import load_file
+
+    torch.save(load_file(target.path / "model.safetensors"), pickled / "pytorch_model.bin")
+    assert TargetRef.resolve(pickled).norm_digest() is None
     copy = tmp_path / "copy"
     shutil.copytree(target.path, copy)
     with pytest.warns(UserWarning, match=rf"its final norm's digest matches \({manifest[NORM_DIGEST]}\), taken as the "

@@ -346,9 +346,14 @@ def test_a_dump_is_held_against_the_layers_the_contract_names():
 
     c = tiny_contract(capture_layers=(1, 3, 4))
     m = SimpleNamespace(H=c.target_hidden_size, N=6, contract=c, ckpt=SimpleNamespace(tensors={}))
-    matches = [{"chunk": i, "layer": k, "state": "raw", "shift": 0, "rel_error": 0.0, "cosine": 1.0,
-                "identified": True} for i, k in enumerate((1, 3, 4))]
-    assert dump_findings(matches, 3 * m.H, m, None, None, None, "feature cache") == []
+    def at(*layers):
+        return [{"chunk": i, "layer": k, "state": "raw", "shift": 0, "rel_error": 0.0, "cosine": 1.0,
+                 "identified": True} for i, k in enumerate(layers)]
+
+    assert dump_findings(at(1, 3, 4), 3 * m.H, m, None, None, None, "feature cache", fit=(2, 3, 4)) == []
+    # a cache at the layers the weights fit is what they were trained on: the measured finding (fix the
+    # config) stands alone, not beside a second one telling to capture again at the config's layers
+    assert dump_findings(at(2, 3, 4), 3 * m.H, m, None, None, None, "feature cache", fit=(2, 3, 4)) == []
 
 
 def test_the_evidence_per_answer_counts_answers_not_positions():

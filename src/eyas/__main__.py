@@ -16,7 +16,10 @@ def _before_the_cli(signum: int, _frame) -> None:
 
 
 def run() -> int:
-    previous = {s: signal.signal(s, _before_the_cli) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # a job started with the signal ignored keeps it ignored
+            signal.signal(s, _before_the_cli)
     from eyas.cli import main
 
     for s, handler in previous.items():  # the CLI installs its own around the verb

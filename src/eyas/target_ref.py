@@ -181,7 +181,11 @@ class TargetRef:
         """A fingerprint of these weights for a capture to record: the SHA-256 of the final norm rounded to
         bf16 (H numbers, one read from the one shard that holds them). A fine-tune or another checkpoint
         of the same shape changes it; a copy, a move or another load precision does not. None where the
-        weights are not here or hold no final norm under Llama's name."""
+        weights are not here, are one pickle (read whole for one tensor: not for a digest), or hold no
+        final norm under Llama's name."""
+        found = find_weights(self.folder)
+        if found is None or not found.name.endswith((".safetensors", ".safetensors.index.json")):
+            return None
         try:
             norm = self._norm.setdefault("norm.weight", self.tensors(["norm.weight"])["norm.weight"])
         except FormatError:

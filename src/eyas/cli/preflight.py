@@ -310,8 +310,8 @@ def _in_a_cache(o: Path, out: str | Path, flag: str, resumes: bool) -> None:
         fmt = marked_cache(folder)
         if fmt is not None and not (resumes and folder == o and fmt == SHARDS):
             how = "is" if folder == o else "is inside"
-            raise EyasError(f"{out} ({flag}) {how} the {fmt} feature cache {folder}: its reader would take what "
-                            "is written there for samples", f"choose a {flag} outside every feature cache")
+            raise EyasError(f"{out} ({flag}) {how} the {fmt} feature cache {folder}: outputs stay out of feature "
+                            "caches, which their readers list", f"choose a {flag} outside every feature cache")
 
 
 def plot_format(path: str | None) -> None:

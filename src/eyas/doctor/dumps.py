@@ -133,12 +133,14 @@ def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, fin
 
 
 def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Outcome | None,
-                  after: Outcome, ckpt: Checkpoint, source: str) -> list[dict[str, Any]]:
+                  after: Outcome, ckpt: Checkpoint, source: str, fit: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """What the engine got wrong, by comparing each chunk with what a correct engine feeds this draft:
     the raw residual stream at the layers its contract names (what an engine reads from the config;
     where the weights fit other layers, the measured finding says so), in order, at the same position.
     `source`: what the features came from ("engine dump", or "feature cache": a trainer's engine
-    captured them)."""
+    captured them). `fit`: the layers the draft's weights were measured to fit: a cache holding those
+    is what the draft was trained on, and the measured finding's config edit is the fix, not a new
+    capture."""
     H, want = m.H, contract_wiring(m.contract, m.ckpt.tensors, m.N).layers
     seen = "; ".join(chunk_text(c) for c in matches)
 
@@ -153,12 +155,13 @@ def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Ou
             out.append(finding("concat_order", f"the engine concatenated layers {got}; the draft reads {list(want)}",
                                "concatenate in the draft's order (engines append in layer order; a custom capture "
                                f"must too), or {block_fix(tuple(got), want, H, m.contract)}"))
-        elif source == CACHE:  # the trainer's capture holds other layers: the draft's config is not at fault
-            out.append(finding("capture_layers", f"the cache holds layers {got}; the draft reads {list(want)}",
-                               _cache_layers_fix(got, want)))
-        else:
+        elif source != CACHE:
             out.append(finding("capture_layers", f"the engine captured layers {got}; the draft reads {list(want)}",
                                _layers_fix(got, want, m.N, ckpt)))
+        elif got != list(fit):  # (a cache at the layers the weights fit is what they were trained on: the measured
+            # finding's config edit is the fix)
+            out.append(finding("capture_layers", f"the cache holds layers {got}; the draft reads {list(want)}",
+                               _cache_layers_fix(got, want)))
     normed = [c for c in ok if c["state"] != "raw"]
     if normed:
         out.append(finding("normalized_features", f"the engine fed normed states ({chunk_text(normed[0])}); the "
@@ -204,7 +207,7 @@ def dump_section(m: Measurer, final: Wiring, features: Tensor, path: Path, ckpt:
     source = "engine dump" if fed is None else CACHE
     fed = fed or [features]
     on_dump, correct = _dump_outcome(m, final, fed), m.measure(final)
-    findings = dump_findings(matches, features.shape[1], m, on_dump, correct, ckpt, source)
+    findings = dump_findings(matches, features.shape[1], m, on_dump, correct, ckpt, source, final.layers)
     lost = [c for c in matches if not c["identified"]]
     notes = ["dump chunks matching no target state: " + "; ".join(chunk_text(c) for c in lost)
              + " (another target or precision, or tokens not aligned with features)"] if lost else []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+import warnings
 from collections.abc import Container
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,21 @@ def model_len(target: Target | TargetRef) -> int:
 
 
 def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: int) -> list[list[int]]:
-    """The prompts as eyas capture and eval feed them: chat-templated token ids; one that does not fit
-    the engine's context with its answer is refused, naming it (dropped, it would leave fewer prompts
-    served than asked for, unsaid)."""
-    ids, _ = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, model_len(target), False,
-                            set_by=f"the context serve-check gives vLLM (at most {MAX_MODEL_LEN})")
-    return ids
+    """The prompts as eyas capture and eval feed them: chat-templated token ids. Those that do not fit
+    the engine's context with their answers are left out, with a warning naming how many and the first
+    (a packaged set cannot be edited; unsaid, fewer prompts were served than asked for); none fitting
+    is refused."""
+    ids, skipped = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, model_len(target), True)
+    kept = [i for i in ids if i is not None]
+    if not kept:
+        raise EyasError(f"no prompt of {prompts} fits the {model_len(target)} tokens serve-check gives vLLM with "
+                        f"{max_new_tokens} new ones", "use shorter prompts or fewer --max-new-tokens")
+    if skipped:
+        first = skipped[0]
+        warnings.warn(f"{len(skipped)} of {len(ids)} prompts do not fit the {model_len(target)} tokens serve-check "
+                      f"gives vLLM with {max_new_tokens} new ones and are left out (first: {first['origin']}, "
+                      f"{first['tokens']} tokens)", stacklevel=2)
+    return kept
 
 
 def engine_job(target: Target, prompts: list[list[int]], runs: list[dict[str, Any]], max_new_tokens: int,
