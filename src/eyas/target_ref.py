@@ -179,17 +179,20 @@ class TargetRef:
 
     def norm_digest(self) -> str | None:
         """A fingerprint of these weights for a capture to record: the SHA-256 of the final norm rounded to
-        bf16 (H numbers, one read from the one shard that holds them). A fine-tune or another checkpoint
-        of the same shape changes it; a copy, a move or another load precision does not. None where the
-        weights are not here, are one pickle (read whole for one tensor: not for a digest), or hold no
-        final norm under Llama's name."""
+        bf16 (H numbers, one read from the one shard that holds them). Another checkpoint of the same shape
+        or a fine-tune that moves the norm changes it (a merged LoRA does not); a copy, a move or another
+        load precision does not, and neither does a bf16 re-save (an fp16 one of fp32 weights does: the
+        double rounding). None where the weights are not here, are one pickle (read whole for one
+        tensor: not for a digest), or hold no final norm under Llama's name."""
         found = find_weights(self.folder)
         if found is None or not found.name.endswith((".safetensors", ".safetensors.index.json")):
             return None
         try:
-            norm = self._norm.setdefault("norm.weight", self.tensors(["norm.weight"])["norm.weight"])
+            if "norm.weight" not in self._norm:
+                self._norm["norm.weight"] = self.tensors(["norm.weight"])["norm.weight"]
         except FormatError:
             return None
+        norm = self._norm["norm.weight"]
         return hashlib.sha256(norm.to(torch.bfloat16).view(torch.int16).numpy().tobytes()).hexdigest()[:16]
 
     def tied_embeddings(self) -> bool:

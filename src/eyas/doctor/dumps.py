@@ -133,7 +133,7 @@ def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, fin
 
 
 def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Outcome | None,
-                  after: Outcome, ckpt: Checkpoint, source: str, fit: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+                  after: Outcome, ckpt: Checkpoint, source: str, fit: tuple[int, ...]) -> list[dict[str, Any]]:
     """What the engine got wrong, by comparing each chunk with what a correct engine feeds this draft:
     the raw residual stream at the layers its contract names (what an engine reads from the config;
     where the weights fit other layers, the measured finding says so), in order, at the same position.

@@ -57,8 +57,11 @@ def vllm_spec(draft_dir: str | Path, k: int) -> dict[str, Any]:
 def model_len(target: Target | TargetRef) -> int:
     """vLLM's max_model_len: MAX_MODEL_LEN, or the target's context where that is shorter (vLLM refuses
     a max_model_len beyond the model's, which would read as the draft's fault)."""
-    config = target.text_config if isinstance(target, TargetRef) else vars(target.config)
-    return min(MAX_MODEL_LEN, config.get("max_position_embeddings") or MAX_MODEL_LEN)
+    if isinstance(target, TargetRef):
+        context = target.text_config.get("max_position_embeddings")
+    else:  # the config object: its attribute_map aliases (n_positions, ...) answer too
+        context = getattr(target.config, "max_position_embeddings", None)
+    return min(MAX_MODEL_LEN, context or MAX_MODEL_LEN)
 
 
 def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: int) -> list[list[int]]:
@@ -66,14 +69,15 @@ def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: 
     the engine's context with their answers are left out, with a warning naming how many and the first
     (a packaged set cannot be edited; unsaid, fewer prompts were served than asked for); none fitting
     is refused."""
-    ids, skipped = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, model_len(target), True)
+    context = model_len(target)
+    ids, skipped = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, context, True)
     kept = [i for i in ids if i is not None]
     if not kept:
-        raise EyasError(f"no prompt of {prompts} fits the {model_len(target)} tokens serve-check gives vLLM with "
+        raise EyasError(f"no prompt of {prompts} fits the {context} tokens serve-check gives vLLM with "
                         f"{max_new_tokens} new ones", "use shorter prompts or fewer --max-new-tokens")
     if skipped:
         first = skipped[0]
-        warnings.warn(f"{len(skipped)} of {len(ids)} prompts do not fit the {model_len(target)} tokens serve-check "
+        warnings.warn(f"{len(skipped)} of {len(ids)} prompts do not fit the {context} tokens serve-check "
                       f"gives vLLM with {max_new_tokens} new ones and are left out (first: {first['origin']}, "
                       f"{first['tokens']} tokens)", stacklevel=2)
     return kept
@@ -314,9 +318,10 @@ def serve_check(
     ref = TargetRef.resolve(target, weights=False)
     draft_dir = resolve_drafter(drafter, ref).resolve()
     read_fitting(draft_dir, ref)  # an unusable draft is refused before the target loads and the engine starts
-    if max_new_tokens >= model_len(ref):
-        raise EyasError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the {model_len(ref)} "
-                        "tokens serve-check gives vLLM", f"pass --max-new-tokens {model_len(ref) // 2} or fewer")
+    context = model_len(ref)
+    if max_new_tokens >= context:
+        raise EyasError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the {context} "
+                        "tokens serve-check gives vLLM", f"pass --max-new-tokens {context // 2} or fewer")
     tgt = Target.load(target, dtype=torch.float32, device=device)
     ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
     with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
