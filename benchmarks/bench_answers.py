@@ -18,7 +18,6 @@ captures would gain.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -30,27 +29,27 @@ from eyas.data import answer, encode_prompts, read_prompts
 from eyas.devices import parse_device, synchronize
 from eyas.dtypes import to_dtype
 from eyas.target import Target
+import flags
 
 ENGINES = ("generate", "eyas")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch-sizes", default="8,32", help="comma-separated batch sizes")
-    p.add_argument("--batches", type=int, default=2, help="batches timed per batch size")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-length", type=int, default=512, help="prompt + answer; longer prompts are left out "
+    p.add_argument("--batch-sizes", type=flags.counts, default="8,32", help="comma-separated batch sizes")
+    p.add_argument("--batches", type=flags.count, default=2, help="batches timed per batch size")
+    p.add_argument("--max-new-tokens", type=flags.count, default=128)
+    p.add_argument("--max-length", type=flags.count, default=512, help="prompt + answer; longer prompts are left out "
                    "(default: 512, the GPU recipe's)")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled (top-p 1)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", type=flags.device, default="cpu")
+    p.add_argument("--temperature", type=flags.temperature, default=0.0, help="0: greedy; else sampled (top-p 1)")
+    flags.add_threads(p)
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    flags.use_threads(a.threads)
     device, dtype = parse_device(a.device), to_dtype(a.dtype)
     target = Target.load(None, dtype=dtype, device=device)
-    sizes = [int(b) for b in a.batch_sizes.split(",")]
+    sizes = a.batch_sizes
     prompts = read_prompts(None)[: 2 * max(sizes) * a.batches]  # room for the prompts left out
     ids, _ = encode_prompts(target, prompts, a.max_new_tokens, a.max_length, skip_long=True)
     ids = sorted((i for i in ids if i is not None), key=len)  # as capture sorts them: little padding
@@ -81,10 +80,10 @@ def main() -> None:
     print(f"{where}, {dtype}, {a.max_new_tokens} new tokens at most, "
           f"prompt + answer <= {a.max_length}, "
           f"temperature {a.temperature}", file=sys.stderr)
-    print(json.dumps({"bench": "answers", "device": where, "dtype": str(dtype), "threads": torch.get_num_threads(),
-                      "temperature": a.temperature, "max_new_tokens": a.max_new_tokens, "max_length": a.max_length, "commit": git_commit(),
-                      "batch_sizes": report}))
+    flags.emit({"bench": "answers", "device": where, "dtype": str(dtype), "threads": torch.get_num_threads(),
+          "temperature": a.temperature, "max_new_tokens": a.max_new_tokens, "max_length": a.max_length,
+          "commit": git_commit(), "batch_sizes": report})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(flags.run(main))

@@ -20,7 +20,6 @@ processes and single forwards vary by 3x.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -32,6 +31,7 @@ from eyas.bench import git_commit
 from eyas.machine import cpu_class
 from eyas.contract import default_capture_layers
 from eyas.target import Target
+import flags
 
 
 
@@ -95,22 +95,22 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--prompts", type=int, default=3)
-    p.add_argument("--tokens", type=int, default=512)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--prompts", type=flags.count, default=3)
+    p.add_argument("--tokens", type=flags.count, default=512)
+    p.add_argument("--repeats", type=flags.count, default=5)
+    flags.add_threads(p)
     a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    flags.use_threads(a.threads)
     out = bench_capture(a.target, dtypes=tuple(a.dtypes.split(",")), prompts=a.prompts, tokens=a.tokens,
                         repeats=a.repeats)
     print(f"CPU {out['cpu_class']}, {out['threads']} threads", file=sys.stderr)
     for dtype, r in out["results"].items():
-        print(f"{dtype}: plain {r['plain_s']:.3f} s for {out['prompts']} prompts ({r['plain_tokens_per_s']} tok/s), capture "
+        print(f"{dtype}: plain {r['plain_s']:.3f} s for {out['prompts']} prompts ({r['plain_tokens_per_s']} tok/s), "
+              "capture "
               f"{r['capture_ratio']:.3f}x, capture without logits {r['capture_nl_ratio']:.3f}x, "
               f"output_hidden_states {r['hidden_ratio']:.3f}x", file=sys.stderr)
-    print(json.dumps(out))
+    flags.emit(out)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(flags.run(main))

@@ -14,17 +14,14 @@ eyas ships for the target; without `--dtype`, the dtype measured fastest on this
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-
-import torch
 
 from eyas.bench import format_bench, run_bench
 from eyas.drafter_loading import resolve_drafter
 from eyas.dtype_choice import DECODE_DTYPES
-from eyas.dtypes import AUTO
-from eyas.dtypes import choices
+from eyas.dtypes import AUTO, choices
 from eyas.generate import NGRAM_TOKENS
+import flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,29 +29,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("drafter", nargs="?", help="a draft folder for the target (default: the draft eyas ships for it)")
     p.add_argument("--target", help="a local target folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, copy, a .jsonl file, or a comma list")
-    p.add_argument("--limit", type=int, help="N prompts, spread evenly over the categories")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=flags.count, help="N prompts, spread evenly over the categories")
+    p.add_argument("--max-new-tokens", type=flags.count, default=128)
     p.add_argument("--dtype", choices=(AUTO, *choices(DECODE_DTYPES)), default=AUTO,
                    help="auto (the faster on this machine, measured once), or bf16 / fp32 in eyas's or "
                    "transformers' spelling (bfloat16, float32)")
-    p.add_argument("--ngram-tokens", type=int, default=NGRAM_TOKENS,
+    p.add_argument("--ngram-tokens", type=flags.natural, default=NGRAM_TOKENS,
                    help=f"the n-gram branch of every round's tree, in tokens; 0: off (default {NGRAM_TOKENS})")
-    p.add_argument("--draft-tokens", type=int, help="chain length (default: the cached best, else 4)")
+    p.add_argument("--draft-tokens", type=flags.count, help="chain length (default: the cached best, else 4)")
     p.add_argument("--tree", metavar="DEPTH,TOP_K,BUDGET", help="tree shape (default: the cached best)")
     p.add_argument("--sweep", action="store_true", help="time chain lengths and tree shapes first; cache the fastest")
     p.add_argument("--plot", metavar="PNG", help="speedup per method and category")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    flags.add_threads(p)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    flags.use_threads(args.threads)
     report = run_bench(resolve_drafter(args.drafter, args.target), target=args.target, prompts=args.prompts,
                        limit=args.limit, max_new_tokens=args.max_new_tokens, dtype=args.dtype,
                        draft_tokens=args.draft_tokens, tree=args.tree, ngram_tokens=args.ngram_tokens,
                        sweep=args.sweep, plot=args.plot)
     print(format_bench(report), file=sys.stderr)
-    print(json.dumps(report))
+    flags.emit(report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(flags.run(main))

@@ -15,7 +15,6 @@ interleaved timing).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -26,6 +25,7 @@ from eyas.engines import run_vllm
 from eyas.engines.serve_check import engine_job, prompt_ids, timeout_for, vllm_spec
 from eyas.machine import cpu_class
 from eyas.target import Target, resolve_target
+import flags
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
@@ -67,14 +67,14 @@ def bench_engines(limit: int = 6, max_new_tokens: int = 64, ks: tuple[int, ...] 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=int, default=6)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--ks", default="1,3,5", help="draft lengths tried for vLLM's EAGLE-3 (best reported)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads on eyas's side (default: torch's)")
+    ap.add_argument("--limit", type=flags.count, default=6)
+    ap.add_argument("--max-new-tokens", type=flags.count, default=64)
+    ap.add_argument("--ks", type=flags.counts, default="1,3,5",
+                    help="draft lengths tried for vLLM's EAGLE-3 (best reported)")
+    flags.add_threads(ap)
     a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    rep = bench_engines(a.limit, a.max_new_tokens, tuple(int(k) for k in a.ks.split(",")))
+    flags.use_threads(a.threads)
+    rep = bench_engines(a.limit, a.max_new_tokens, tuple(a.ks))
     print(f"CPU {rep['cpu_class']}, {rep['threads']} threads (eyas's side; vLLM runs its own)", file=sys.stderr)
     print(f"{'method':<18} {'tokens/s':>9} {'speedup':>8}  notes", file=sys.stderr)
     for name, r in sorted(rep["rows"].items(), key=lambda kv: not kv[0].startswith("vllm")):
@@ -85,8 +85,8 @@ def main() -> None:
                 else f"tau {r['tau']:.2f}" if r.get("tau") else "")
         best = "  <- best k" if name == rep["best_eagle3"] else ""
         print(f"{name:<18} {r['tokens_per_s']:9.2f} {r['speedup']:8.2f}  {note}{best}", file=sys.stderr)
-    print(json.dumps(rep))
+    flags.emit(rep)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(flags.run(main))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 
@@ -26,6 +25,7 @@ from eyas.data import open_shards
 from eyas.drafter_loading import load_drafter
 from eyas.evaluate import evaluate_samples
 from eyas.target import target_tensors
+import flags
 
 
 def bench_eval(data: str, drafter: str | None, depth: int, limit: int, dtype: torch.dtype) -> dict:
@@ -48,12 +48,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="a capture folder for the embedded default")
     p.add_argument("--drafter", help="draft folder (default: the shipped draft)")
-    p.add_argument("--depth", type=int, default=5)
-    p.add_argument("--limit", type=int, default=32, help="samples timed (after one warm-up sample)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--depth", type=flags.count, default=5)
+    p.add_argument("--limit", type=flags.count, default=32, help="samples timed (after one warm-up sample)")
+    flags.add_threads(p)
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    flags.use_threads(args.threads)
     runs = {name: bench_eval(args.data, args.drafter, args.depth, args.limit, dt)
             for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
     for name, r in runs.items():
@@ -61,10 +60,12 @@ def main() -> None:
               f"(CPU {r['cpu_seconds']} s) = {r['tokens_per_s']} tokens/s, {r['answer_positions_per_s']} answer "
               "positions/s", file=sys.stderr)
     ratio = runs["bf16"]["tokens_per_s"] / runs["fp32"]["tokens_per_s"]
-    print(f"bf16 / fp32 throughput: {ratio:.2f}x on CPU {cpu_class()}, {torch.get_num_threads()} threads", file=sys.stderr)
-    print(json.dumps({"bench": "eval", **runs, "bf16_over_fp32": round(ratio, 3), "depth": args.depth,
-                      "cpu_class": cpu_class(), "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": git_commit()}))
+    print(f"bf16 / fp32 throughput: {ratio:.2f}x on CPU {cpu_class()}, {torch.get_num_threads()} threads",
+          file=sys.stderr)
+    flags.emit({"bench": "eval", **runs, "bf16_over_fp32": round(ratio, 3), "depth": args.depth,
+                "cpu_class": cpu_class(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "commit": git_commit()})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(flags.run(main))

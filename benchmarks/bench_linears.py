@@ -24,7 +24,6 @@ tau a round over M tokens needs to break even with the fastest plain decoding st
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -36,6 +35,7 @@ from eyas.decode.cost import clock
 from eyas.decode.packed import pack
 from eyas.machine import cpu_class, cpu_model
 from eyas.target import target_config
+import flags
 
 def linear_shapes(config: dict) -> list[tuple[int, int]]:
     """[out, in] of one forward's products, fused as eyas's lean forward fuses them (q/k/v, gate/up)."""
@@ -93,13 +93,12 @@ def time_ms(run, sizes: list[int], repeats: int) -> dict[int, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="a local target folder or its config.json (default: the embedded SmolLM2-135M)")
-    p.add_argument("--sizes", default="1,2,3,5,9,17", help="new tokens per forward")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--sizes", type=flags.counts, default="1,2,3,5,9,17", help="new tokens per forward")
+    p.add_argument("--repeats", type=flags.count, default=5)
+    flags.add_threads(p)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    sizes = [int(v) for v in args.sizes.split(",")]
+    flags.use_threads(args.threads)
+    sizes = args.sizes
     found = kernels(linear_shapes(target_config(args.target)))
     bf16_packed = found["bf16 packed"]
     ms = {name: time_ms(run, sizes, args.repeats) for name, run in found["runs"].items()}
@@ -115,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = "".join(f"{row[m]:>7.1f}" + (f" ({row[m] / t1:4.2f})" if t1 else "") for m in sizes)
         lines.append(f"{name:<13}{cells}")
     print("\n".join(lines), file=sys.stderr)
-    print(json.dumps(report))
+    flags.emit(report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(flags.run(main))

@@ -15,7 +15,6 @@ same run; the last line is the report as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -30,6 +29,7 @@ from eyas.decode.ngram import BranchLength
 from eyas.drafter_loading import resolve_drafter
 from eyas.dtype_choice import resolve_dtype
 from eyas.generate import chat_ids, load_models
+import flags
 
 
 class FixedLength(BranchLength):
@@ -46,12 +46,11 @@ VARIANTS = {"none": (BranchLength, 0), "fixed 2": (FixedLength, 2), "fixed 4": (
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", default="copy,mtbench", help="prompt sets, timed separately")
-    p.add_argument("--limit", type=int, default=16, help="prompts per set, spread over its categories")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--limit", type=flags.count, default=16, help="prompts per set, spread over its categories")
+    p.add_argument("--max-new-tokens", type=flags.count, default=128)
+    flags.add_threads(p)
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    flags.use_threads(a.threads)
     dtype = resolve_dtype("auto", None)[0]
     target, draft = load_models(resolve_drafter(None), None, dtype)
     stops = eos_ids(target)
@@ -75,10 +74,10 @@ def main() -> None:
     for v in names:
         print(f"{v:>11}: " + "; ".join(f"{s} {rate[v][s]:.1f} tok/s ({rate[v][s] / rate['none'][s]:.2f}x no branch)"
                                        for s in sets), file=sys.stderr)
-    print(json.dumps({"bench": "ngram", "cpu_class": cpu_class(), "dtype": str(dtype),
-                      "threads": torch.get_num_threads(), "commit": git_commit(), "tokens_per_s": rate,
-                      "new_tokens": {v: {s: totals[v][s][1] for s in sets} for v in names}}))
+    flags.emit({"bench": "ngram", "cpu_class": cpu_class(), "dtype": str(dtype), "threads": torch.get_num_threads(),
+                "commit": git_commit(), "tokens_per_s": rate,
+                "new_tokens": {v: {s: totals[v][s][1] for s in sets} for v in names}})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(flags.run(main))

@@ -29,7 +29,9 @@ from pathlib import Path
 import torch
 
 from eyas.bench import git_commit
+from eyas.jsonsafe import dumps
 from eyas.machine import cpu_class, cpu_model
+import flags
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the cache writers the tests use (the trainers' layouts)
@@ -98,7 +100,8 @@ def build(shape: str, root: Path, samples: int, tokens: int) -> tuple[Path, Path
             ids = torch.randint(0, V, (tokens,), generator=g)
             mask = torch.zeros(tokens, dtype=torch.long)
             mask[tokens // 4:] = 1
-            recs.append({"input_ids": ids, "loss_mask": mask,  # SpecForge's keys and shapes: [T], [T], [1, T, 3H], [1, T, H]
+            # SpecForge's keys and shapes: [T], [T], [1, T, 3H], [1, T, H]
+            recs.append({"input_ids": ids, "loss_mask": mask,
                          "aux_hidden_state": torch.randn(1, tokens, 3 * H, generator=g, dtype=torch.bfloat16),
                          "hidden_state": torch.randn(1, tokens, H, generator=g, dtype=torch.bfloat16)})
         write_specforge_records(cache, recs)
@@ -123,10 +126,12 @@ def measure(shape: str, root: Path, device: str, samples: int, tokens: int, temp
     rep = evaluate(draft, data=cache, target=ref, dtype=torch.bfloat16, device=device, temperature=temperature,
                    progress=False)
     t1 = time.perf_counter()
-    doc = diagnose(draft, target=target, features=cache, device=device, limit=samples, progress=False) if doctor else None
+    doc = (diagnose(draft, target=target, features=cache, device=device, limit=samples, progress=False)
+           if doctor else None)
     doctor_s = time.perf_counter() - t1 if doctor else None
     dims = dims_of(shape)
-    return {"shape": shape, "source": f"tests/data/configs/specforge/{SHAPES[shape][0]}", "device": device, "draft_params": params,
+    return {"shape": shape, "source": f"tests/data/configs/specforge/{SHAPES[shape][0]}", "device": device,
+            "draft_params": params,
             "draft_bytes_bf16": sum(f.stat().st_size for f in draft.glob("*.safetensors")),
             "load_s": round(load_s, 2), "eval_positions": rep["tokens"], "eval_s": rep["cost"]["measure_seconds"],
             "eval_positions_per_s": rep["cost"]["positions_per_s"], "eval_total_s": rep["cost"]["seconds"],
@@ -140,10 +145,11 @@ def measure(shape: str, root: Path, device: str, samples: int, tokens: int, temp
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="llama-3.1-8b,qwen3-235b,deepseek-v3")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--temperature", type=float, default=0.0, help="also the sampled measures, as eval --temperature")
+    ap.add_argument("--device", type=flags.device, default="cpu")
+    ap.add_argument("--samples", type=flags.count, default=4)
+    ap.add_argument("--tokens", type=flags.count, default=512)
+    ap.add_argument("--temperature", type=flags.temperature, default=0.0,
+                    help="also the sampled measures, as eval --temperature")
     ap.add_argument("--no-doctor", action="store_true", help="skip the doctor: peak memory is eval's alone")
     ap.add_argument("--out", default="/tmp/eyas-real-sizes", help="where drafts, stand-ins and caches are written")
     ap.add_argument("--json", action="store_true")
@@ -151,7 +157,7 @@ def main() -> None:
     a = ap.parse_args()
     root = Path(a.out)
     if a.one:
-        print(json.dumps(measure(a.one, root, a.device, a.samples, a.tokens, a.temperature, not a.no_doctor)))
+        flags.emit(measure(a.one, root, a.device, a.samples, a.tokens, a.temperature, not a.no_doctor))
         return
     rows = []
     for shape in a.shapes.split(","):
@@ -165,7 +171,7 @@ def main() -> None:
     machine = {"cpu": cpu_model(), "cpu_class": cpu_class(), "threads": torch.get_num_threads(),
                "torch": torch.__version__, "commit": git_commit()}
     if a.json:
-        print(json.dumps({"machine": machine, "rows": rows}, indent=2))
+        print(dumps({"machine": machine, "rows": rows}, indent=2))
         return
     print(f"machine: {machine}")
     print("| shape | draft params | draft on disk (bf16) | load s | peak RSS GiB | eval positions/s | doctor s "
@@ -178,4 +184,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(flags.run(main))

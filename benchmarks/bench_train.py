@@ -19,7 +19,6 @@ ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import resource
 import statistics
@@ -35,6 +34,7 @@ from eyas.drafter import Drafter
 from eyas.shift import label_ids
 from eyas.target import target_config, target_name
 from eyas.train import ADAM_BETAS, TTTUnroll, build_vocab_map, forward_backward
+import flags
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 ATTENTIONS = {"masked": True, "diagonal": False}  # forward_ttt(masked=...)
@@ -118,16 +118,15 @@ def bench_train(target: str | None = None, *, draft_vocab: int = 8192, tokens: i
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, help="target folder whose config sizes the draft (default: SmolLM2)")
-    p.add_argument("--draft-vocab", type=int, default=8192)
-    p.add_argument("--tokens", type=int, default=1024)
-    p.add_argument("--ttt-steps", type=int, default=7)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--draft-vocab", type=flags.count, default=8192)
+    p.add_argument("--tokens", type=flags.count, default=1024)
+    p.add_argument("--ttt-steps", type=flags.count, default=7)
+    p.add_argument("--repeats", type=flags.count, default=3)
+    flags.add_threads(p)
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of fp32,bf16")
     p.add_argument("--attentions", default=",".join(ATTENTIONS), help="comma-separated subset of masked,diagonal")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    flags.use_threads(args.threads)
     dtypes, attentions = tuple(args.dtypes.split(",")), tuple(args.attentions.split(","))
     if not (set(dtypes) <= set(DTYPES) and set(attentions) <= set(ATTENTIONS)):
         p.error(f"--dtypes takes {','.join(DTYPES)}, --attentions {','.join(ATTENTIONS)}")
@@ -140,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{v}: {r[f'{v}_step_time_ms']:.0f} ms/step, {r[f'{v}_tokens_per_s']:.1f} tokens/s", file=sys.stderr)
     for k in (k for k in r if "_speedup_" in k):
         print(f"{k}: {r[k]:.2f}x ({r['threads']} threads)", file=sys.stderr)
-    print(json.dumps(r))
+    flags.emit(r)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(flags.run(main))

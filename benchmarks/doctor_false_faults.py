@@ -40,6 +40,7 @@ from eyas.data import capture, open_shards, read_prompts
 from eyas.doctor import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, collect, diagnose
 from eyas.drafter_loading import resolve_drafter
 from eyas.target import Target
+import flags
 
 LAYERS = [2, 15, 27]  # the shipped draft's: every cache and dump here is correct for it
 
@@ -91,8 +92,9 @@ def handed(on: str, tgt: Target, file: Path, size: int, folder: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sets", type=int, default=10, help="disjoint sets of MT-bench questions (at most 80 / size)")
-    p.add_argument("--size", type=int, default=DEFAULT_LIMIT, help="questions per set (the doctor's default)")
+    p.add_argument("--sets", type=flags.count, default=10,
+                   help="disjoint sets of MT-bench questions (at most 80 / size)")
+    p.add_argument("--size", type=flags.count, default=DEFAULT_LIMIT, help="questions per set (the doctor's default)")
     p.add_argument("--draft", type=Path, action="append", default=[], help="another correctly wired draft")
     p.add_argument("--noise", type=float, default=0.2, help="the noised draft's scale (0: none)")
     p.add_argument("--on", choices=("prompts", "cache", "dump"), default="prompts", help="what the doctor is handed")
@@ -116,15 +118,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, d in drafts.items():
                 rep = diagnose(d, **given, progress=False)
                 faults[name] += rep["verdict"] != "ok"
-                print(json.dumps({"draft": name, "questions": f"{chosen[0].origin} .. {chosen[args.size - 1].origin}",
-                                  "measured": rep["measured"]["data"], "verdict": rep["verdict"],
-                                  "faults": [f["fault"] for f in rep["findings"]], "strongest": strongest(rep),
-                                  "doubts": [n for n in rep["notes"] if "not across answers" in n]}), flush=True)
-    print(json.dumps({"bench": "doctor_false_faults", "on": args.on, "false_faults": faults,
-                      "runs_per_draft": args.sets, "questions_per_run": args.size, "torch": torch.__version__,
-                      "commit": git_commit()}))
+                flags.emit({"draft": name, "questions": f"{chosen[0].origin} .. {chosen[args.size - 1].origin}",
+                            "measured": rep["measured"]["data"], "verdict": rep["verdict"],
+                            "faults": [f["fault"] for f in rep["findings"]], "strongest": strongest(rep),
+                            "doubts": [n for n in rep["notes"] if "not across answers" in n]})
+    flags.emit({"bench": "doctor_false_faults", "on": args.on, "false_faults": faults, "runs_per_draft": args.sets,
+                "questions_per_run": args.size, "torch": torch.__version__, "commit": git_commit()})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(flags.run(main))

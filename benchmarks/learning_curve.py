@@ -15,8 +15,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from eyas.jsonsafe import dumps
 from eyas.train import heldout_curve, plot_heldout
+import flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="train_log.jsonl files")
     p.add_argument("--out", type=Path, required=True, metavar="PNG")
     p.add_argument("--label", help="comma-separated curve labels (default: each log's folder name)")
-    p.add_argument("--cpus", type=int, help="CPU cores (processes x threads) of the logs whose records do not say "
-                                            "what they ran on (older logs; the shipped draft's: 2)")
+    p.add_argument("--cpus", type=flags.count, help="CPU cores (processes x threads) of the logs whose records do "
+                   "not say what they ran on (older logs; the shipped draft's: 2)")
     p.add_argument("--chain", action="store_true", help="each log continues the one before it on the time axis")
     p.add_argument("--title", default="held-out greedy chain")
     args = p.parse_args(argv)
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in curves:
         print(f"{c.label}: tau {c.tau[0]:.3f} -> {c.tau[-1]:.3f} over {c.total_hours:.2f} {c.unit}-hours",
               file=sys.stderr)
-    print(dumps({"png": str(args.out), "curves": [dataclasses.asdict(c) for c in curves]}))  # NaN: null
+    flags.emit({"png": str(args.out), "curves": [dataclasses.asdict(c) for c in curves]})  # NaN: null
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(flags.run(main))

@@ -27,7 +27,6 @@ on a shared machine rarely survives; with one torch thread the clock is this thr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -58,6 +57,7 @@ from eyas.dtypes import short_name, to_dtype
 from eyas.generate import chat_ids
 from eyas.machine import cpu_class, cpu_flags, cpu_model
 from eyas.target import Target
+import flags
 
 
 def bandwidth_gbs() -> dict:
@@ -162,18 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", help="a local target folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", help="a draft folder (default: the draft eyas ships for the target)")
     p.add_argument("--dtypes", default="bf16,fp32")
-    p.add_argument("--sizes", default="1,2,4,8,16,32", help="new tokens per target forward")
-    p.add_argument("--context", type=int, default=256, help="cached positions before the new tokens")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sizes", type=flags.counts, default="1,2,4,8,16,32", help="new tokens per target forward")
+    p.add_argument("--context", type=flags.natural, default=256, help="cached positions before the new tokens")
+    p.add_argument("--repeats", type=flags.count, default=5)
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler tables")
-    p.add_argument("--decode", type=int, default=0, metavar="N",
+    p.add_argument("--decode", type=flags.natural, default=0, metavar="N",
                    help="also time generate before / after on N MT-bench prompts (target alone, chain k=4)")
-    p.add_argument("--decode-tokens", type=int, default=64, metavar="M", help="new tokens per prompt for --decode")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--decode-tokens", type=flags.count, default=64, metavar="M",
+                   help="new tokens per prompt for --decode")
+    flags.add_threads(p)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    sizes = [int(x) for x in args.sizes.split(",")]
+    flags.use_threads(args.threads)
+    sizes = args.sizes
     report = {"bandwidth_gbs": bandwidth_gbs(), "cpu": cpu_model(), "cpu_class": cpu_class(), "cpu_flags": cpu_flags(),
               "commit": git_commit(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "context": args.context, "dtypes": {}}
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["decode_tokens_per_s"] = decode_before_after(target, drafter, args.decode, args.decode_tokens)
         report["dtypes"][short_name(dtype)] = entry
     print(format_report(report, sizes), file=sys.stderr)
-    print(json.dumps(report))
+    flags.emit(report)
     return 0
 
 
@@ -232,4 +232,4 @@ def format_report(report: dict, sizes: list[int]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(flags.run(main))

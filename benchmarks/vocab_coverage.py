@@ -15,7 +15,6 @@ vocab map of an existing draft (`--draft`, built from the target's own answers) 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -26,6 +25,7 @@ from eyas.drafter_loading import load_drafter
 from eyas.shift import shift_for_draft
 from eyas.target import resolve_target, target_config
 from eyas.train import build_vocab_map, token_counts, vocab_coverage
+import flags
 
 
 def reference_counts(tokenizer, vocab_size: int, start: int, stop: int) -> torch.Tensor:
@@ -47,7 +47,8 @@ def reference_counts(tokenizer, vocab_size: int, start: int, stop: int) -> torch
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="capture folder(s), comma-separated: the answers measured")
-    p.add_argument("--sizes", default="4096,8192,16384,32768", help="draft-vocab sizes, comma-separated")
+    p.add_argument("--sizes", type=flags.counts, default="4096,8192,16384,32768",
+                   help="draft-vocab sizes, comma-separated")
     p.add_argument("--build", default="0:3072", metavar="A:B", help="ShareGPT conversations the vocabs are built from")
     p.add_argument("--draft", help="also the coverage of this draft's own vocab map")
     p.add_argument("--target", default=None, help="target folder (default: the embedded default)")
@@ -58,16 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     start, stop = (int(x) for x in args.build.split(":"))
     built = reference_counts(AutoTokenizer.from_pretrained(resolve_target(args.target)), V, start, stop)
     report = {"answer_tokens": int(measured.sum()), "built_from_tokens": int(built.sum()), "coverage": {}}
-    for n in (int(x) for x in args.sizes.split(",")):
+    for n in args.sizes:
         report["coverage"][n] = round(vocab_coverage(measured, build_vocab_map(built, n)[2]), 4)
     if args.draft:
         t2d = load_drafter(args.draft, target=args.target).t2d
-        report["draft"] = {"path": args.draft, "size": int(t2d.sum()), "coverage": round(vocab_coverage(measured, t2d), 4)}
+        report["draft"] = {"path": args.draft, "size": int(t2d.sum()),
+                           "coverage": round(vocab_coverage(measured, t2d), 4)}
     for n, c in report["coverage"].items():
         print(f"{n:>6} tokens: coverage {c:.4f}", file=sys.stderr)
-    print(json.dumps(report))
+    flags.emit(report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(flags.run(main))
