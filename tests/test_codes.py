@@ -290,6 +290,13 @@ def consumer_views(tmp_path):
     return found
 
 
+def engine_refusals(tmp_path):
+    """vLLM sizes fc for 3 chunks from a speculators config without num_aux_hidden_states (vLLM #54526)."""
+    c = tiny_contract(capture_layers=(1, 2, 3, 4))
+    write_checkpoint(tmp_path / "four", c, random_tensors(c), "speculators")
+    return _codes(check_checkpoint(tmp_path / "four").warnings)
+
+
 SCENARIOS = {  # scenario: the codes it must produce
     parse_no_ids: {"layer_ids_absent"},
     parse_nested_only: {"layer_ids_convention_assumed"},
@@ -327,6 +334,7 @@ SCENARIOS = {  # scenario: the codes it must produce
         "consumer_capture_default", "consumer_capture_layers", "consumer_norm_flags", "consumer_replaces_embeddings",
         "consumer_no_vocab_map", "consumer_builds_qwen3",
     },
+    engine_refusals: {"consumer_cannot_load"},
 }
 
 

@@ -135,6 +135,7 @@ def test_one_truth_per_engine(name):
     views = consumers(ckpt)
     rep = inspect_report(ckpt)
     checked = check_checkpoint(_path(name))
+    assert rep["warnings"] == [w for w in checked.warnings if w["code"] != "target_not_given"]  # the same warnings
     for f in rep["warnings"] + checked.warnings + checked.problems:
         text = text_of(f)
         head = text.split(": ", 1)[0]
@@ -148,7 +149,7 @@ def test_one_truth_per_engine(name):
         for s in statements:
             for listed in re.findall(r"captures (\[[\d, ]+\])", s):
                 assert json.loads(listed) == r["capture_layers"], (engine, s)
-        assert r["loads"] or not r["mismatches"], engine
+        assert r["loads"] or {m["code"] for m in r["mismatches"]} <= {"consumer_cannot_load"}, engine  # its refusal
         if engine.startswith("sglang"):
             cited = [s for s in r["notes"][1:] if "[sglang " not in s and "PR #" not in s]
             assert not cited, cited  # every SGLang statement names its source

@@ -131,6 +131,7 @@ CODES: dict[str, Code] = {
     "consumer_lm_head_unloaded": _warning(None, "an engine builds the draft's lm_head and loads no weights into it"),
     "consumer_rope": _warning("rope", "an engine turns the draft's rope at another base than the contract's"),
     "consumer_ties_lm_head": _warning(None, "an engine uses the embedding table as lm_head (tie_word_embeddings)"),
+    "consumer_cannot_load": _warning(None, "vLLM, or SGLang for an eagle config, refuses the draft"),
 }
 
 

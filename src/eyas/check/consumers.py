@@ -7,8 +7,9 @@ since SGLang cannot run EAGLE-3 on a CPU; llama.cpp's are read from its source a
 
 `consumers(ckpt)` reads the config the engines read (`config.json`) with each engine's own rules
 and reports, per consumer, what it loads and how it wires the draft. Where a consumer that loads
-the draft wires it differently from its contract, a `mismatches` finding says so (codes in
-eyas.codes, severity "warning"). Nothing here prints or downloads; everything returns data.
+the draft wires it differently from its contract, or where vLLM (or SGLang, for an eagle config)
+refuses it, a `mismatches` finding says so (codes in eyas.codes, severity "warning"). Nothing here
+prints or downloads; everything returns data.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from eyas.check.view import embeddings as _embeddings
 from eyas.check.view import identity_vocab as _identity_vocab
 from eyas.check.view import layer_ids as _ids
 from eyas.check.view import new_view as _view
+from eyas.check.view import refuse as _refuse
 from eyas.codes import finding, prefixed
 from eyas.contract import LAYER_TYPES, DraftContract
 from eyas.formats import EAGLE_ARCH, IDS, NORM_FLAGS, Checkpoint
@@ -56,10 +58,7 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
         ids, nbr = _ids(cfg), bool(cfg.get("norm_before_residual", True))
         flags = {f: bool(cfg.get(f, False)) for f in _OTHER_FLAGS}
         n_aux = tlc.get("num_aux_hidden_states") or len(_ids(tlc.get("eagle_config") or {}) or []) or 3
-        name = (cfg.get("speculators_config") or {}).get("verifier", {}).get("name_or_path")
-        r["notes"].append(
-            f"detected by speculators_config; `vllm serve DIR` serves the verifier it names ({name!r}) with this draft"
-        )
+        _vllm_verifier(r, (cfg.get("speculators_config") or {}).get("verifier"))
         if "norm_before_residual" not in cfg:
             r["notes"].append("norm_before_residual absent: vLLM's speculators path uses True")
         if "model_type" not in tlc:
@@ -85,19 +84,14 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
             r["notes"].append("eagle_config.use_aux_hidden_state false: vLLM skips fc and feeds the target's last "
                               "hidden state")
         if c.layer_type == "qwen3":
-            r["loads"] = False
-            r["notes"].append(
-                f"{EAGLE_ARCH} resolves to vLLM's Llama draft, which has no q_norm/k_norm: convert --format speculators"
-            )
+            _refuse(r, f"{EAGLE_ARCH} resolves to vLLM's Llama draft, which has no q_norm/k_norm: convert --format "
+                    "speculators", "architectures")
     r["capture_layers"] = ids if ids else _default(n)
     if ids is None:
         r["notes"].append(f"no layer ids read: captures {_default_note(n)}")
     if n_aux != c.num_aux_layers:
-        r["loads"] = False
-        r["notes"].append(
-            f"sizes fc for {n_aux} chunks (num_aux_hidden_states, else eagle_config ids, else 3) but fc.weight "
-            f"reads {c.num_aux_layers} (vLLM #54526)"
-        )
+        _refuse(r, f"sizes fc for {n_aux} chunks (num_aux_hidden_states, else eagle_config ids, else 3) but fc.weight "
+                f"reads {c.num_aux_layers} (vLLM #54526)", "num_aux_hidden_states")
     if any(flags.values()):
         r["notes"].append("norm_before_fc needs vLLM PR #38111, fc_norm/norm_output PR #46488; older vLLM ignores them")
     r["mismatches"] += _identity_vocab(c, "vLLM maps draft id i to target id i (acceptance collapses)")
@@ -112,15 +106,33 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
                           "own layer index)")
     scaling = c.rope_scaling or {}
     if rope_kind(scaling) == "dynamic" and scaling.get("factor") is None:
-        r["loads"] = False
-        r["notes"].append("rope type dynamic without factor: transformers 5.19 (vLLM 0.32's) refuses the config "
-                          "(\"Missing required keys in `rope_parameters` for 'rope_type'='dynamic': {'factor'}\"): "
-                          "add \"factor\": 1.0 to rope_scaling")
-    if c.layer_type not in LAYER_TYPES:  # last: the reason it cannot load
-        r["loads"] = False
-        r["notes"].append(f"the vLLM EAGLE-3 drafts eyas runs (Eagle3LlamaForCausalLM, Eagle3Qwen3ForCausalLM) are "
-                          f"dense Llama/Qwen3 layers: no place for this draft's {c.unsupported}")
+        _refuse(r, "rope type dynamic without factor: transformers 5.19 (vLLM 0.32's) refuses the config "
+                "(\"Missing required keys in `rope_parameters` for 'rope_type'='dynamic': {'factor'}\"): "
+                "add \"factor\": 1.0 to rope_scaling", "rope_scaling")
+    if c.layer_type not in LAYER_TYPES:  # last: the reason it cannot load; draft_not_runnable names it
+        _refuse(r, f"the vLLM EAGLE-3 drafts eyas runs (Eagle3LlamaForCausalLM, Eagle3Qwen3ForCausalLM) are "
+                f"dense Llama/Qwen3 layers: no place for this draft's {c.unsupported}")
     return r
+
+
+def _vllm_verifier(r: dict[str, Any], verifier: Any) -> None:
+    """What vLLM does with speculators_config.verifier (run: transformers_utils/config.py
+    maybe_override_with_speculators, configs/speculators/base.py validate_speculators_config): the key
+    must be there in any form; `vllm serve DIR` then serves the target it names, so a null name serves
+    only in the long form (verifier_name_missing is check's finding for both)."""
+    if not isinstance(verifier, dict) or "name_or_path" not in verifier:
+        _refuse(r, "no speculators_config.verifier.name_or_path: validate_speculators_config raises \"Invalid "
+                "speculators config structure\": write the target's hub id there (eyas convert DIR OUT "
+                "--verifier-name ID)")
+        return
+    name = verifier["name_or_path"]
+    if name is None:
+        r["notes"].append("detected by speculators_config; it names no verifier (null): `vllm serve DIR` has no "
+                          "target to serve; `vllm serve TARGET --speculative-config '{\"method\": \"eagle3\", "
+                          "\"model\": DIR}'` loads it")
+        return
+    r["notes"].append(f"detected by speculators_config; `vllm serve DIR` serves the verifier it names ({name!r}) "
+                      "with this draft")
 
 
 def _vllm_class(r: dict[str, Any], archs: Any) -> None:
@@ -130,13 +142,12 @@ def _vllm_class(r: dict[str, Any], archs: Any) -> None:
         return
     renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in archs]
     if not VLLM_EAGLE3_CLASSES.intersection(renamed):
-        r["loads"] = False
         read = "" if renamed == archs else f", read as {renamed} under method eagle3,"
         fix = (f"write architectures [\"{EAGLE_ARCH}\"] (eyas convert DIR OUT --format eagle)"
                if not any(parallel_drafter(a) for a in archs) else
                "a P-EAGLE (parallel) draft loads from a speculators config (speculators_model_type \"peagle\", "
                "mask_token_id), which vLLM serves as method eagle3 with parallel_drafting")
-        r["notes"].append(f"architectures {archs}{read} name no vLLM 0.32 draft class: {fix}")
+        _refuse(r, f"architectures {archs}{read} name no vLLM 0.32 draft class: {fix}", "architectures")
 
 
 def _speculators(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
@@ -220,7 +231,8 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
     Per consumer: `reads` (config file), `loads` (bool), `capture_layers` (list, or None when it
     depends on the unknown target depth or the consumer cannot load it), `norm_before_residual`,
     `norm_flags`, `embeddings` ("draft's own" / "shares target's" / ...), `notes` and `mismatches`
-    (findings: where a consumer that loads it wires the draft differently from its contract).
+    (findings: where a consumer that loads it wires the draft differently from its contract, or
+    where one that reads its format refuses it: eyas.check.view.refuse).
     """
     reads = ENGINE_CONFIG if ENGINE_CONFIG in ckpt.files else ckpt.config_used
     fmt, cfg, c = ckpt.files[reads], ckpt.configs[reads], ckpt.contract

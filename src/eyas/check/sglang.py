@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eyas.check.view import default_layers, default_note, embeddings, identity_vocab, layer_ids, new_view
+from eyas.check.view import default_layers, default_note, embeddings, identity_vocab, layer_ids, new_view, refuse
 from eyas.codes import finding
 from eyas.contract import IDS, LAYER_TYPES, DraftContract
 from eyas.formats import EAGLE_ARCH, NORM_FLAGS
@@ -50,34 +50,33 @@ MLA_CLASSES = ("Eagle3DeepseekV2ForCausalLM",)  # _derive_model_shapes treats it
 _OTHER_FLAGS = NORM_FLAGS[1:]
 
 
-def _class_notes(r: dict[str, Any], arch: str | None, c: DraftContract) -> None:
-    """Which class SGLang builds from architectures[0], and whether this draft fits it."""
+def _class_notes(r: dict[str, Any], arch: str | None, c: DraftContract, legacy: bool) -> None:
+    """Which class SGLang builds from architectures[0], and whether this draft fits it (a refusal by
+    current SGLang is also a `check` warning; legacy SGLang's are notes only)."""
+    field = None if legacy else "architectures"
     if arch in MLA_CLASSES:
         r["norm_before_residual"], r["norm_flags"] = None, {}
         r["notes"].append(f"{arch} is among SGLang's latent-attention architectures (ModelConfig._derive_model_shapes)"
                           f" {CONFIG}; its draft class was not read: loading and norm wiring are not established")
         return
     if arch != EAGLE_ARCH:
-        r["loads"] = False
         if arch == "LlamaForCausalLM":
             what = ("builds SGLang's target LlamaForCausalLM (models/llama.py): no fc, no midlayer, q/k/v read the "
                     "hidden width, not 2H, so the draft's weights do not fit")
         elif arch and arch.endswith("NextN"):
             what = "is SGLang's NextN/MTP draft class, not its EAGLE-3 draft"
-        else:
-            what = "is no draft class in the SGLang sources read"
-        r["notes"].append(f"architectures[0] {arch!r} {what}; ModelConfig._config_draft_model renames only NextN/MTP "
-                          f"targets {CONFIG} and {EAGLE_ARCH} is the EAGLE-3 draft class (EntryClass) {CLASS}: write "
-                          f"architectures [\"{EAGLE_ARCH}\"]")
+        else:  # not found where read, which is not certain enough for a check warning
+            what, field = "is no draft class in the SGLang sources read", None
+        refuse(r, f"architectures[0] {arch!r} {what}; ModelConfig._config_draft_model renames only NextN/MTP "
+               f"targets {CONFIG} and {EAGLE_ARCH} is the EAGLE-3 draft class (EntryClass) {CLASS}: write "
+               f"architectures [\"{EAGLE_ARCH}\"]", field)
         return
-    if c.layer_type not in LAYER_TYPES:
-        r["loads"] = False
-        r["notes"].append(f"{EAGLE_ARCH} builds Llama decoder layers (LlamaDecoderLayer) {CLASS}: no place for this "
-                          f"draft's {c.unsupported}")
+    if c.layer_type not in LAYER_TYPES:  # draft_not_runnable names it
+        refuse(r, f"{EAGLE_ARCH} builds Llama decoder layers (LlamaDecoderLayer) {CLASS}: no place for this "
+               f"draft's {c.unsupported}")
     elif c.layer_type == "qwen3":
-        r["loads"] = False
-        r["notes"].append(f"{EAGLE_ARCH} builds Llama decoder layers (LlamaDecoderLayer) {CLASS}: the qwen3 "
-                          "q_norm/k_norm weights have no place")
+        refuse(r, f"{EAGLE_ARCH} builds Llama decoder layers (LlamaDecoderLayer) {CLASS}: the qwen3 "
+               "q_norm/k_norm weights have no place", field)
 
 
 def _capture(r: dict[str, Any], cfg: dict, n: int | None, legacy: bool) -> None:
@@ -107,7 +106,7 @@ def sglang_view(reads: str, fmt: str, cfg: dict, c: DraftContract, naming: str |
                           "convert DIR OUT --format eagle")
         return r
     archs = cfg.get("architectures") or []
-    _class_notes(r, archs[0] if archs else None, c)
+    _class_notes(r, archs[0] if archs else None, c, legacy)
     if not r["loads"]:
         return r  # the reason stays the last note: nothing below happens in an engine that cannot build it
     _capture(r, cfg, n, legacy)

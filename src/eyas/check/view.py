@@ -27,6 +27,19 @@ def new_view(reads: str) -> dict[str, Any]:
     }
 
 
+def refuse(r: dict[str, Any], why: str, field: str | None = None) -> None:
+    """The engine cannot load the draft, for `why` (a note). With the config `field` at fault, `eyas check`
+    warns too (`consumer_cannot_load`): a draft that an engine reading its format refuses is a hazard even
+    where eyas runs it. Refusals that other findings already name (a format the engine does not read, a
+    layer kind eyas has no code for, a verifier name) or that hold for old versions only pass no field."""
+    r["loads"] = False
+    r["notes"].append(why)
+    if field is not None:
+        r["mismatches"].append(finding("consumer_cannot_load", field, f"cannot load {r['reads']}: {why}",
+                                       "make the change the text names, or serve the draft with an engine that "
+                                       "loads it (eyas inspect DIR: every engine's view)"))
+
+
 def layer_ids(cfg: Any) -> list[int] | None:
     """A non-empty list of layer ids under IDS in `cfg`, or None."""
     ids = cfg.get(IDS) if isinstance(cfg, dict) else None

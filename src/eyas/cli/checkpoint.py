@@ -54,7 +54,7 @@ def tensor_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
 
 def inspect_report(ckpt: Checkpoint) -> dict[str, Any]:
     """Everything `eyas inspect --json` prints."""
-    from eyas.check import consumer_warnings, consumers
+    from eyas.check import consumer_warnings, consumers, contract_problems
 
     cons = consumers(ckpt)
     return {
@@ -67,7 +67,7 @@ def inspect_report(ckpt: Checkpoint) -> dict[str, Any]:
         "tensors": tensor_summary(ckpt),
         "consumers": cons,
         "disagreements": ckpt.disagreements,
-        "warnings": ckpt.warnings + consumer_warnings(cons),
+        "warnings": ckpt.warnings + contract_problems(ckpt)[1] + consumer_warnings(cons),  # check's, but a target's
     }
 
 
