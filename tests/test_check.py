@@ -129,6 +129,29 @@ def test_what_no_runner_builds_is_named_by_check_not_first_by_eval(tmp_path, tar
         check_checkpoint(_ck(tmp_path, name="ok"), target=target)
 
 
+_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+             "original_max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize("layer, checked", [
+    ({"rope_scaling": _LONGROPE, "rope_parameters": {**_LONGROPE, "rope_theta": 10000.0}}, True),  # no tensor
+    ({"hidden_act": "gelu_new"}, True),
+    ({"num_experts": 8}, False),  # experts: tensors eyas has no layout for
+])
+def test_weights_are_checked_unless_the_layer_has_tensors_eyas_does_not_lay_out(tmp_path, layer, checked):
+    """A rope or activation eyas cannot run changes no tensor's shape: the weights are still checked."""
+    c = tiny_contract()
+    cfg = speculators_config(c)
+    cfg["transformer_layer_config"].update(layer, intermediate_size=96)  # the weights have 128
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    save_file(random_tensors(c), str(tmp_path / "d" / "model.safetensors"))
+    rep = check_checkpoint(tmp_path / "d")
+    assert any(p["code"] == "tensor_shape" for p in rep.problems) is checked
+    assert any(w["code"] == "tensors_not_checked" for w in rep.warnings) is not checked
+    assert rep.checkpoint.contract.unsupported  # eyas runs none of them
+
+
 def test_config_only_check_skips_tensors(tmp_path, target):
     path = tmp_path / "draft.json"
     path.write_text(json.dumps(speculators_config(tiny_contract(capture_layers=(2, 3, 5)))))
@@ -217,6 +240,31 @@ def test_speculators_format_in_each_engine(tmp_path):
     spec = cons["speculators"]
     assert spec["loads"] and spec["capture_layers"] == [1, 2, 3, 5] and spec["embeddings"] == "draft's own"
     assert spec["norm_before_residual"] is False and spec["mismatches"] == []
+
+
+def test_check_warns_where_an_engine_reading_the_format_refuses_the_draft(tmp_path):
+    """vLLM refuses this 4-layer speculators draft (fc sized for 3): check says so beside inspect; SGLang,
+    which reads no speculators config, is a note only."""
+    c = tiny_contract(capture_layers=(1, 2, 3, 5))
+    write_checkpoint(tmp_path / "four", c, random_tensors(c), "speculators")
+    rep = check_checkpoint(tmp_path / "four")
+    (w,) = [w for w in rep.warnings if w["code"] == "consumer_cannot_load"]
+    assert text_of(w).startswith("vllm: cannot load config.json: sizes fc for 3 chunks") and rep.ok
+    assert w["field"] == "num_aux_hidden_states"
+
+
+@pytest.mark.parametrize("verifier, loads, says", [
+    ({"name_or_path": None, "architectures": ["LlamaForCausalLM"]}, True, "vllm serve TARGET --speculative-config"),
+    ({"architectures": ["LlamaForCausalLM"]}, False, "Invalid speculators config structure"),
+])
+def test_vllm_and_a_speculators_config_without_a_verifier_name(tmp_path, verifier, loads, says):
+    """vLLM 0.32 validates that verifier.name_or_path is there (null passes) and serves the target it names."""
+    c = tiny_contract()
+    cfg = speculators_config(c)
+    cfg["speculators_config"]["verifier"] = verifier
+    vllm = _cons(tmp_path, {"config.json": cfg}, c)["vllm"]
+    assert vllm["loads"] is loads and any(says in n for n in vllm["notes"])
+    assert "(None)" not in json.dumps(vllm)
 
 
 def test_eyas_eagle_output_wires_every_engine_as_the_contract(tmp_path):

@@ -220,7 +220,8 @@ def _finish(p: Parsed) -> Parsed:
             "draft_not_runnable",
             "architectures",
             f"{p.file}: eyas reads this draft but has no code for its {parts}: the verbs that run it (eval, "
-            "generate, bench, doctor, serve-check, train --init) and convert refuse it",
+            "generate, bench, doctor, serve-check, train --init) refuse it; convert refuses it where its formats "
+            "cannot state the part",
             "run it in an engine that implements this layer (see consumers); inspect and check still read it",
         )
     return p
@@ -262,6 +263,7 @@ def _read_modelopt_layout(p: Parsed, ec: dict) -> None:
     for key, (eagle3, part) in _MODELOPT_LAYOUT.items():
         if ec.get(key) is not None and flag(p.file, f"eagle_config.{key}", ec[key]) != eagle3:
             p.unrunnable.append(f"{part} (eagle_config.{key} {str(ec[key]).lower()})")
+            p.foreign_layout.append(p.unrunnable[-1])
 
 
 def _speculators_verifier(p: Parsed, cfg: dict) -> None:
@@ -298,6 +300,7 @@ def _read_layer(p: Parsed, src: dict, archs: tuple[str, ...], where: str) -> Dra
         )
     if layer.unsupported is not None:
         p.unrunnable.append(layer.unsupported)
+        p.foreign_layout.append(layer.unsupported)
     return layer
 
 

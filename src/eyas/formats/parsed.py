@@ -25,6 +25,9 @@ class Parsed:
     assumed: set[str] = field(default_factory=set)  # fields the file does not state
     warnings: list[dict[str, str]] = field(default_factory=list)  # findings, severity "warning"
     unrunnable: list[str] = field(default_factory=list)  # parts eyas has no code for (contract `unsupported`)
+    # those of them with tensors a dense Llama/Qwen3 layer has not (experts, latent attention, extra norms):
+    # the weights are checked against eyas's layout unless one is named here (a rope or activation is no tensor)
+    foreign_layout: list[str] = field(default_factory=list)
 
     def read(self, src: dict, key: str, check: Check, *, where: str = "", default: Any = _REQUIRED) -> Any:
         """src[key] passed through `check` (eyas.formats.values), stored as contract field `key` with its origin."""

@@ -138,12 +138,13 @@ def read_checkpoint(
     contract = _build_contract(p, tensors if loaded else None, facts, origin)
     if loaded and not contract.has_lm_head:
         warnings.append(_shared_lm_head(path / wfiles[0]))
-    if loaded and contract.unsupported:  # no tensor layout to check against: running it is refused instead
+    if loaded and p.foreign_layout:  # no tensor layout to check against: running it is refused instead
         warnings.append(
             finding(
                 "tensors_not_checked",
                 "weights",
-                f"{path / wfiles[0]}: tensors not checked: eyas has no tensor layout for its {contract.unsupported}",
+                f"{path / wfiles[0]}: tensors not checked: eyas has no tensor layout for its "
+                f"{'; '.join(p.foreign_layout)}",
                 "check the weights with the engine that implements this layer",
             )
         )
