@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import eyas.weights as weights_mod
 from eyas.cli import main
@@ -82,6 +83,37 @@ def test_a_draft_with_its_own_embeddings_reads_only_the_final_norm_and_lm_head(s
                  "--no-progress"]) == 0
     assert sorted(json.loads(capsys.readouterr().out)["cost"]["target_tensors_read"]) == [
         "lm_head.weight", "model.norm.weight"]
+
+
+@pytest.mark.parametrize("keep_index", [True, False])
+def test_verbs_that_answer_prompts_refuse_a_head_only_target_before_loading(sharded, tmp_path, capsys, keep_index):
+    """A folder with the final norm and lm_head judges a cache; answering prompts with it used to load a
+    model filled at random (transformers' MISSING report), or to measure nothing and say "ok"."""
+    folder, shards, draft = sharded
+    head = tmp_path / "head"
+    head.mkdir()
+    for f in folder.iterdir():
+        if not f.name.startswith("model"):
+            shutil.copy(f, head / f.name)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    wanted = {index[n] for n in ("model.norm.weight", "lm_head.weight", "model.embed_tokens.weight")}
+    if keep_index:  # the other shards absent
+        shutil.copy(folder / "model.safetensors.index.json", head)
+        for shard in wanted:
+            shutil.copy(folder / shard, head / shard)
+    else:
+        tensors = TargetRef.resolve(folder).tensors(["model.norm.weight", "lm_head.weight", "model.embed_tokens.weight"])
+        save_file(tensors, str(head / "model.safetensors"))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\nhow are you\n")
+    capsys.readouterr()
+    for argv in (["eval", str(draft), "--prompts", str(prompts)], ["doctor", str(draft), "--prompts", str(prompts)],
+                 ["generate", str(draft), "--prompt", "hi"], ["bench", str(draft), "--limit", "1"]):
+        assert main([*argv, "--target", str(head)]) == 2, argv
+        err = capsys.readouterr().err
+        why = "lacks " if keep_index else "no decoder layer"
+        assert why in err and err.count("\n") == 2 and "LOAD REPORT" not in err, err
+    assert main(["eval", str(draft), "--data", str(shards), "--target", str(head), "--json", "--no-progress"]) == 0
 
 
 def test_the_verdict_from_the_head_equals_the_full_target(sharded):

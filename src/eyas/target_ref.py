@@ -31,7 +31,7 @@ from eyas.devices import parse_device
 from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
-from eyas.weights import find_weights, read_tensors, weight_bytes
+from eyas.weights import find_weights, read_tensors, weight_bytes, weight_files
 
 # Target tensors by the names the drafter uses -> Hugging Face names on disk.
 HF_NAMES = {
@@ -213,6 +213,21 @@ class TargetRef:
     def weight_bytes(self, dtype: torch.dtype | None = None) -> int:
         """The weights' size once loaded in `dtype` (default: this ref's), from the files' headers."""
         return weight_bytes(self.folder, dtype or self.dtype)
+
+    def missing_model(self) -> str | None:
+        """Why the whole model is not here (None: it is): a verdict from a feature cache needs the final
+        norm and lm_head alone, but answering prompts needs every shard the index names and the decoder
+        layers. Said before loading: transformers would build the model and fill the rest at random."""
+        if self.path.is_file() or find_weights(self.folder) is None:
+            return f"{self.path} has no weight files"
+        absent = [f for f in weight_files(self.folder) if not (self.folder / f).is_file()]
+        if absent:
+            more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+            return f"{self.folder} lacks {absent[0]}{more}, named by its weight index"
+        names, last = self.tensor_names(), f"layers.{self.num_layers - 1}."
+        if not any(last in n for n in names):
+            return f"the weights in {self.folder} hold {len(names)} tensors and no decoder layer {self.num_layers - 1}"
+        return None
 
 
 

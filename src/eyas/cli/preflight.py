@@ -103,12 +103,20 @@ def drafter(args: argparse.Namespace) -> None:
         existing(args.drafter, "DRAFTER")
 
 
-def target(args: argparse.Namespace, *, weights: bool) -> None:
-    """--target: a folder or config that exists, with weights beside it where the verb runs it, and
-    --device: one this machine has (`eyas.cli.inputs.target_of` checks both)."""
+def target(args: argparse.Namespace, *, weights: bool, whole: bool = False) -> None:
+    """--target: a folder or config that exists, with weights beside it where the verb runs it (every
+    weight where it answers prompts: `whole`), and --device: one this machine has
+    (`eyas.cli.inputs.target_of` checks both)."""
     from eyas.cli.inputs import target_of
+    from eyas.target_ref import TargetRef
 
-    target_of(args, weights=weights)
+    path = target_of(args, weights=weights)
+    why = TargetRef.resolve(path, weights=False).missing_model() if whole and path is not None else None
+    if why:
+        cache = {"eval": "--data CACHE", "doctor": "--features CACHE"}.get(args.command)
+        raise EyasError(f"--target {args.target}: eyas {args.command} runs the target, but {why}",
+                        "pass the complete model folder" + (f", or {cache}: a feature cache is judged from the final "
+                                                            "norm and lm_head alone" if cache else ""))
 
 
 def prompts(source: str | None, *, limit: int | None = None) -> None:
@@ -364,7 +372,7 @@ def _capture(a: argparse.Namespace) -> None:
     at_least(a, 2, "max_length")
     sampling(a)
     capture_layers(a)
-    target(a, weights=True)
+    target(a, weights=True, whole=True)
     prompts(a.prompts, limit=None if a.limit is None else a.skip + a.limit)
     capture_out(a.out)
     apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
@@ -375,7 +383,7 @@ def _eval(a: argparse.Namespace) -> None:
         raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
     at_least(a, 1, "limit", "max_new_tokens", "depth", "tree_top_k", "tree_depth")
     sampling(a)
-    target(a, weights=True)
+    target(a, weights=True, whole=not a.data)
     if a.data:
         if a.max_new_tokens is not None:
             print(f"warning: --max-new-tokens {a.max_new_tokens} does nothing with --data: eval measures the "
@@ -398,7 +406,7 @@ def _decoding(a: argparse.Namespace) -> None:
     at_least(a, 0, "top_k")
     sampling(a)
     tree(a)
-    target(a, weights=True)
+    target(a, weights=True, whole=True)
 
 
 def _generate(a: argparse.Namespace) -> None:
@@ -428,7 +436,7 @@ def _doctor(a: argparse.Namespace) -> None:
         raise EyasError(f"--prompts and --features {a.features} (a feature cache) both given: the doctor measures "
                         "the cache's own samples", "drop --prompts (an engine dump file takes --prompts: the wirings "
                         "are measured on their answers)")
-    target(a, weights=True)
+    target(a, weights=True, whole=not (a.features and Path(a.features).is_dir()))  # a cache: norm, lm_head
     prompts(a.prompts, limit=a.limit)
     features(a)
 
@@ -437,7 +445,7 @@ def _serve_check(a: argparse.Namespace) -> None:
     at_least(a, 1, "limit", "draft_tokens")
     at_least(a, 2, "max_new_tokens")
     sampling(a)
-    target(a, weights=True)
+    target(a, weights=True, whole=True)
     prompts(a.prompts, limit=a.limit)
     output_file(a.dump, "--dump")
     apart(a.dump, "--dump", {"DRAFTER": a.drafter, "--target": a.target, "--prompts": a.prompts})
