@@ -323,6 +323,23 @@ def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path
     assert any(n.startswith("2 samples of the cache measured: under 5") for n in rep["notes"])  # too few to confirm
 
 
+def test_doctor_blames_a_cache_with_another_count_of_states_not_the_config(plain, tmp_path, capsys):
+    """A cache of 4 states for a draft reading 3: the cache is taken again; the draft's config is right."""
+    import cache_writers
+
+    folder, shards, rows, _ = plain
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,3"]) == 0
+    cache = tmp_path / "cache"
+    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=[0, 1, 2, 3])
+    capsys.readouterr()
+    assert main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--json",
+                 "--no-progress"]) == 1
+    (f,) = json.loads(capsys.readouterr().out)["findings"]
+    assert f["title"].startswith("the feature cache stores 4 states per position") and "engine" not in f["title"]
+    assert f["fix"].startswith("capture the cache again at capture layers [1, 2, 3]") and "set " not in f["fix"]
+
+
 def test_doctor_names_no_wiring_an_untrained_draft_leans_to(plain, tmp_path):
     """Random weights measure better under some wiring (here the doctor once named a concatenation
     order a fault), but a draft that accepts almost nothing under every wiring is trained for none."""

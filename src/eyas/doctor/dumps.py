@@ -111,17 +111,28 @@ def _layers_fix(got: list[int], want: tuple[int, ...], N: int, ckpt: Checkpoint)
     return f"make the engine capture layers {list(want)} (the draft's ids: {config_edits(ckpt, 'layers', want)})"
 
 
+def _recapture(want: tuple[int, ...], why: str = "") -> str:
+    """How a feature cache is taken again at the draft's capture layers, by each trainer."""
+    return (f"capture the cache again at capture layers {list(want)}{why} (eyas capture --capture-layers "
+            f"{','.join(map(str, want))}; SpecForge takes them from the draft config it is given, speculators from "
+            "--target-layer-ids)")
+
+
 def _cache_layers_fix(got: list[int], want: tuple[int, ...]) -> str:
     """A feature cache taken at other layers than the draft reads: capture it again, or train for it."""
     deeper = (" (one layer deeper everywhere: ids written as capture indices where the trainer reads outputs of "
               "layers, as SpecForge and SGLang do)") if got == [k + 1 for k in want] else ""
-    return (f"capture the cache again at capture layers {list(want)}{deeper} (eyas capture --capture-layers "
-            f"{','.join(map(str, want))}; SpecForge takes them from the draft config it is given, speculators from "
-            f"--target-layer-ids), or train a draft that reads {got} on this cache")
+    return f"{_recapture(want, deeper)}, or train a draft that reads {got} on this cache"
 
 
-def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, finding) -> list[dict[str, Any]]:
-    """The engine fed another number of states than the draft reads: one state (fc skipped) or another count."""
+def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, finding,
+                    source: str) -> list[dict[str, Any]]:
+    """The engine fed another number of states than the draft reads: one state (fc skipped) or another count.
+    A cache stores what its trainer captured: the config the draft has is not at fault, the cache is."""
+    if source == CACHE:
+        return [finding("capture_layers", f"the feature cache stores {W // H} state{'s' * (W != H)} per position "
+                        f"({W} wide); the draft reads {len(want)} ({len(want) * H} wide)",
+                        f"{_recapture(want)}, or train a draft that reads {W // H} states on this cache")]
     if W == H and len(want) > 1:
         return [finding("fc_skipped", f"the engine fed one {H}-wide state, not {len(want)} concatenated: fc was "
                         "skipped and the EAGLE-3 draft ran as EAGLE-1",
@@ -148,7 +159,7 @@ def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Ou
         return make_finding(slug, title, f"{source}: {seen}", fix, before, after, source)
 
     if W != len(want) * H:
-        return _width_findings(W, H, want, ckpt, finding)
+        return _width_findings(W, H, want, ckpt, finding, source)
     ok, out, got = [c for c in matches if c["identified"]], [], [c["layer"] for c in matches]
     if len(ok) == len(matches) and got != list(want):
         if sorted(got) == sorted(want):
