@@ -293,3 +293,52 @@ def test_a_folder_named_like_a_specforge_sample_is_not_skipped_silently(tmp_path
     assert list_files(tmp_path) == [rows / "data_0.ckpt"]
     with pytest.raises(FormatError, match=r"data_0.ckpt: not a readable torch.save file \(IsADirectoryError"):
         load_record(rows / "data_0.ckpt", "specforge")
+
+
+# --- caches told apart from other files, and from each other -------------------------------------
+
+
+def test_outputs_stay_out_of_modelopt_and_legacy_speculators_caches(target, rows, tmp_path):
+    """Their readers list every *.pt (ModelOpt, recursively) or data_{i}.pt: a checkpoint or a plot
+    written inside one becomes a sample. A folder that merely holds some *.pt is no cache."""
+    from eyas.cli import preflight
+    from eyas.data.caches.detect import marked_cache
+    from eyas.errors import EyasError
+
+    write_modelopt(target.model, rows[:2], tmp_path / "mo")
+    write_speculators_legacy(target.model, rows[:2], tmp_path / "legacy")
+    write_speculators_legacy(target.model, rows[:2], tmp_path / "bare", with_config=False)
+    for name, fmt in (("mo", "modelopt"), ("legacy", "speculators-legacy"), ("bare", "speculators-legacy")):
+        cache = tmp_path / name
+        before = sorted(cache.rglob("*"))
+        assert marked_cache(cache) == fmt
+        with pytest.raises(EyasError, match=rf"\(--out\) is inside the {fmt} feature cache {cache}:") as e:
+            preflight.apart(cache / "run" / "checkpoints", "--out", {})
+        one_line(e, "outputs stay out of feature caches")
+        with pytest.raises(EyasError, match=rf"\(--plot\) is inside the {fmt} feature cache"):
+            preflight.apart(cache / "data_6.pt", "--plot", {})
+        assert sorted(cache.rglob("*")) == before
+    other = tmp_path / "project"
+    other.mkdir()
+    torch.save({"step": 1, "model": {"w": torch.zeros(2)}}, other / "a_checkpoint.pt")
+    (other / "data_0.pt").write_bytes(b"not a torch file")
+    assert marked_cache(other) is None
+    preflight.apart(other / "run", "--out", {})
+
+
+@pytest.mark.parametrize("second", ["modelopt", "eyas", "speculators", "speculators-legacy"])
+def test_a_folder_holding_two_caches_is_refused_unless_one_is_named(target, rows, tmp_path, second):
+    """Each reader takes only its own files: a folder read as one format would skip the other's
+    samples unsaid. --data-format (open_cache's `format`) picks the one to read."""
+    mixed = tmp_path / "mixed"
+    write_specforge(target.model, rows[:1], mixed, batch_size=1)
+    {"modelopt": lambda: write_modelopt(target.model, rows[1:3], mixed),
+     "eyas": lambda: write_eyas_shards(target, rows[1:3], mixed, layers=list(DEFAULT_CAPTURE)),
+     "speculators": lambda: write_speculators(target.model, rows[1:3], mixed),
+     "speculators-legacy": lambda: write_speculators_legacy(target.model, rows[1:3], mixed)}[second]()
+    with pytest.raises(FormatError) as e:
+        detect_format(mixed)
+    one_line(e, str(mixed), "2 feature caches", "specforge", second)
+    assert "--data-format specforge" in e.value.hint and f"--data-format {second}" in e.value.hint
+    assert len(open_cache(mixed, format="specforge", num_layers=N)) == 1
+    assert len(open_cache(mixed, format=second, num_layers=N)) == 2

@@ -1,6 +1,7 @@
 """Acceptance metrics on hand-built examples where the right answer is known by counting."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -184,6 +185,33 @@ def test_eval_cli_on_a_random_draft(tiny, tmp_path, capsys):
     assert taus == sorted(taus) and taus[-1] < 1.3  # a random draft is almost never right
     assert png.stat().st_size > 1000
 
+
+
+@pytest.mark.parametrize("ids", [[4, 40], [4]])
+def test_a_cache_without_a_draft_position_is_refused_naming_it(tiny, tmp_path, capsys, ids):
+    """Rows of 2 tokens or fewer hold no position the draft is measured at (it reads x_{t+1} and is
+    labelled with x_{t+2}, both answer tokens): eval and the doctor refuse them naming the cache,
+    rather than report 0 positions with nan acceptance."""
+    from cache_writers import write_specforge
+
+    from eyas.data.caches import open_cache
+    from eyas.doctor.caches import measure_on_cache
+    from eyas.errors import EyasError
+    from eyas.target_ref import TargetRef
+
+    folder, _ = tiny
+    cache = tmp_path / "sf"
+    write_specforge(Target.load(folder).model, [(torch.tensor(ids), torch.ones(len(ids), dtype=torch.long))], cache)
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {cache}: no sample has a position the draft can be measured at (1 read;" in err, err
+    assert "rows of 2 tokens or fewer" in err and "hint: " in err and "Traceback" not in err, err
+    # the doctor, measuring the draft on the cache as stored (no full target at hand)
+    with pytest.raises(EyasError, match=re.escape(f"{cache}: no sample has a position")):
+        measure_on_cache(draft, open_cache(cache, num_layers=4), TargetRef.resolve(str(folder)), None, 5)
 
 def test_eval_against_a_second_draft_reports_both_and_their_paired_difference(tiny, tmp_path, capsys):
     folder, shards = tiny

@@ -36,7 +36,7 @@ from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
 from eyas.machine import bf16_dot_products
 from eyas.sampled import alpha_measure, answer_depths, require_last_hidden, sampled_difference, sampled_report
-from eyas.shift import label_ids, shift_for_draft
+from eyas.shift import label_ids, shift_for_draft, shift_left
 from eyas.target import Target, TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, judged
 
@@ -100,13 +100,19 @@ def target_greedy(sample: dict, lm_head: torch.Tensor | None, *, first: int = 0)
 ROWS_MIN = 32
 
 
+def draft_starts(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[T - 1] bool: the draft positions chains start at. Draft position t reads x_{t+1} and is labelled
+    with x_{t+2}: both must be answer tokens (the first answer token comes from the target's prefill;
+    after the last one decoding stops), so a sample of 2 tokens or fewer has none."""
+    answer = loss_mask[1:].bool()
+    return answer & shift_left(answer, 1)
+
+
 def _chain_starts(sample: dict) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
     """The sample shifted for the draft, where chains start [T - 1] bool, and the start positions
     when they are enough to compute alone (else None: every position is computed)."""
     s = shift_for_draft(sample)
-    # draft position t reads x_{t+1} and is labelled with x_{t+2}: both must be answer tokens (the
-    # first answer token comes from the target's prefill; after the last one decoding stops)
-    starts = sample["loss_mask"][1:].bool() & s["loss_mask"].bool()
+    starts = draft_starts(sample["loss_mask"])
     # the draft computes later steps at the chain starts only (row for row the same products, as long
     # as there are enough rows for the matrix kernels to stay the same: see ROWS_MIN)
     at = starts.nonzero()[:, 0] if int(starts.sum()) >= ROWS_MIN else None
@@ -213,7 +219,7 @@ def _pruned_topk(drafter, s: dict, next_ids: torch.Tensor, at: torch.Tensor, tru
 
 def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8, tree_top_k: int = 4,
                      tree_depth: int = 5, temperature: float = 0.0, answers_temperature: float | None = None,
-                     progress=None, against=None) -> dict:
+                     progress=None, against=None, where: str | Path = "the samples") -> dict:
     """Offline acceptance of `drafter` over captured samples (see the module docstring).
 
     lm_head: the target's [V, H] output matrix (tied embeddings: the embedding matrix).
@@ -225,6 +231,7 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
     at it (eyas.sampled; `answers_temperature`, what the answers were sampled at, only feeds its
     note). `against`: a second drafter measured on the same samples, reported as `against` with
     `difference` (and `sampled.difference`): this draft's figures minus its, with paired intervals.
+    `where`: the data source a refusal names (no sample with a draft position gives no figures at all).
     """
     if temperature > 0 and lm_head is None:
         raise EyasError("sampled acceptance needs the target's distributions", "evaluate with the last hidden state")
@@ -232,9 +239,10 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
     drafters = [drafter] + ([against] if against is not None else [])
     counts: list[list] = [[] for _ in drafters]
     sampled: list[list] = [[] for _ in drafters]
+    read = 0
     with torch.inference_mode():
-        for sample in samples:
-            if int(sample["loss_mask"].sum()) < 2:
+        for read, sample in enumerate(samples, 1):
+            if not bool(draft_starts(sample["loss_mask"]).any()):
                 continue
             greedy = answer_greedy(sample, lm_head)  # the target's verdict, once for every draft
             for d, c, s in zip(drafters, counts, sampled):
@@ -245,7 +253,9 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
             if progress is not None:
                 progress(int(sample["loss_mask"].shape[0]))
     if not counts[0]:
-        raise EyasError("no answer tokens to evaluate", "capture data with responses (loss_mask) first")
+        raise EyasError(f"{where}: no sample has a position the draft can be measured at ({read} read; one needs "
+                        "two answer tokens in a row after the first token: rows of 2 tokens or fewer have none)",
+                        "evaluate samples with answers (loss_mask) of 2 tokens or more")
     stacks = [stacked(c) for c in counts]
     reports = [figures(c, tree_top_k, tree_d) for c in stacks]
     if temperature > 0:
@@ -344,9 +354,10 @@ def evaluate(
                          vocab_size=ref.vocab_size, where=info.path)
         t1 = time.perf_counter()
         answers = _answers_temperature(cache)
+        where = str(info.path) if info.path != Path(tmp) else f"captured now from {prompts or 'mtbench'}"
         report = evaluate_samples(drafter, samples, None if head is None else head.lm_head, depth=depth,
                                   tree_top_k=tree_top_k, tree_depth=tree_depth, temperature=temperature,
-                                  answers_temperature=answers, progress=bar.update, against=other)
+                                  answers_temperature=answers, progress=bar.update, against=other, where=where)
         bar.close()
     seconds = time.perf_counter() - t1
     report["drafter"] = str(resolve_drafter(drafter_path, ref))
@@ -354,7 +365,6 @@ def evaluate(
         report["against"]["drafter"] = str(resolve_drafter(against, ref))
     report["target"] = str(ref.path)
     report["capture_layers"] = list(layers)
-    where = str(info.path) if info.path != Path(tmp) else f"captured now from {prompts or 'mtbench'}"
     report["data"] = {"format": info.format, "path": where, "layers": info.layers_note,
                       "layers_recorded": info.layers_recorded, "answers": info.answers_note,
                       "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "answers_temperature": answers}
@@ -407,15 +417,21 @@ def _specforge_note(info: CacheInfo, config) -> None:
               file=sys.stderr)
 
 
+def check_slots(info: CacheInfo, reads: int, config, layers: tuple[int, ...] | None = None) -> None:
+    """A cache that stores another count of states per position than the draft `reads`, refused naming
+    it (fc would refuse the features without saying where they came from)."""
+    if info.num_slots != reads:
+        raise ContractError(
+            f"{info.path}: {info.num_slots} captured layers per position ({info.layers_note}); the draft ({config}) "
+            f"reads {reads}" + (f": capture {list(layers)}" if layers else ""),
+            "evaluate on a cache taken at the draft's capture layers",
+        )
+
+
 def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
     """A cache that records other layers than the draft reads is refused; one that records none is
     read at the draft's layers, saying so (with how to confirm it) on stderr."""
-    if info.num_slots != len(layers):
-        raise ContractError(
-            f"{info.path}: {info.num_slots} captured layers per position ({info.layers_note}); the draft ({config}) "
-            f"reads {len(layers)}: capture {list(layers)}",
-            "evaluate on a cache taken at the draft's capture layers",
-        )
+    check_slots(info, len(layers), config, layers)
     if info.capture_layers is not None and info.layers_recorded and tuple(info.capture_layers) != layers:
         where = info.path / MANIFEST if info.format == "eyas" else info.path  # the file that records them
         raise ContractError(

@@ -436,7 +436,7 @@ def _doctor(a: argparse.Namespace) -> None:
         raise EyasError(f"--prompts and --features {a.features} (a feature cache) both given: the doctor measures "
                         "the cache's own samples", "drop --prompts (an engine dump file takes --prompts: the wirings "
                         "are measured on their answers)")
-    target(a, weights=True, whole=not (a.features and Path(a.features).is_dir()))  # a cache: norm, lm_head
+    target(a, weights=True, whole=bool(a.prompts))  # none: measured on a cache, or a static report
     prompts(a.prompts, limit=a.limit)
     features(a)
 

@@ -27,7 +27,7 @@ from eyas.doctor.capture import states_on
 from eyas.drafter_loading import load_drafter_and_config
 from eyas.data.values import check_ids
 from eyas.errors import FormatError
-from eyas.evaluate import evaluate_samples
+from eyas.evaluate import check_slots, evaluate_samples
 from eyas.shift import shift_left
 from eyas.target_ref import TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, describe, judged
@@ -145,7 +145,10 @@ def layers_found(info: CacheInfo, chunks: list[dict[str, Any]]) -> tuple[list[in
     said = "recorded" if info.layers_recorded else "assumed"
     exactly = all(c["state"] == "raw" and not c["shift"] for c in chunks)
     how = "" if exactly else " (not all raw and in place: the dump section says how each was taken)"
-    than = f"as {said}" if found == assumed else f"not the {said} {assumed}"
+    if assumed is None:  # a count the reader has no default for (SpecForge's default is 3 layers)
+        than = "where the reader could assume no layers"
+    else:
+        than = f"as {said}" if found == assumed else f"not the {said} {assumed}"
     return found, [f"the cache's first sample holds capture {found}, {than}{how}"]
 
 
@@ -155,25 +158,15 @@ def measure_on_cache(drafter: Path, cache: FeatureCache, ref: TargetRef, layer_c
     states at every layer), judged by the target's final norm and lm_head when the cache has the last state."""
     from eyas.data.caches import PRE_NORM
 
-    model, _ = load_drafter_and_config(drafter, target=ref, layer_convention=layer_convention, dtype=EVAL_DTYPE)
+    model, config = load_drafter_and_config(drafter, target=ref, layer_convention=layer_convention, dtype=EVAL_DTYPE)
+    check_slots(cache.info, model.contract.num_aux_layers, config, model.contract.capture_layers)
     head = ref.head(EVAL_DTYPE) if cache.info.last_hidden else None
     samples = judged(itertools.islice(cache, limit), head, normed=cache.info.last_hidden != PRE_NORM,
                      device=ref.device, vocab_size=ref.vocab_size, where=cache.info.path)
-    rep = evaluate_samples(model, samples, None if head is None else head.lm_head, depth=5, tree_top_k=4, tree_depth=5)
+    rep = evaluate_samples(model, samples, None if head is None else head.lm_head, depth=5, tree_top_k=4, tree_depth=5,
+                           where=cache.info.path)
     verdict = FROM_HEAD if head is not None else FROM_TOKENS
-    return {"samples": min(limit, len(cache)), "positions": rep["tokens"], "acceptance_by_depth": rep["acceptance_by_depth"],
-            "tau_chain": rep["tau_chain"], "coverage": rep["coverage"], "verdict": verdict,
+    return {"samples": min(limit, len(cache)), "positions": rep["tokens"],
+            "acceptance_by_depth": rep["acceptance_by_depth"], "tau_chain": rep["tau_chain"],
+            "coverage": rep["coverage"], "verdict": verdict,
             "verdict_text": describe(verdict)}
-
-
-def has_model(ref: TargetRef) -> bool:
-    """Whether every weight of the target is here (its decoder layers, every shard its index names),
-    not just the few tensors a cache's verdict needs."""
-    from eyas.weights import find_weights, weight_files
-
-    if ref.path.is_file() or find_weights(ref.folder) is None:
-        return False
-    if not all((ref.folder / f).is_file() for f in weight_files(ref.folder)):
-        return False
-    last = f"model.layers.{ref.num_layers - 1}."
-    return any(n.startswith(last) for n in ref.tensor_names())

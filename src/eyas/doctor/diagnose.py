@@ -18,7 +18,7 @@ from torch import Tensor
 from eyas.check import CheckReport, check_checkpoint, consumers
 from eyas.codes import slug_of, text_of
 from eyas.contract import DEFAULT_ROPE_THETA
-from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, has_model, layers_found, measure_on_cache, \
+from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, layers_found, measure_on_cache, \
     open_for
 from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, collect, collect_from
 from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
@@ -268,10 +268,11 @@ def diagnose(
     report = _skeleton(path, tgt_dir, rep, cons)
     final = contract_wiring(ckpt.contract, ckpt.tensors, ref.num_layers)
     findings: list[dict[str, Any]] = []
-    at_hand = capture is not None or has_model(ref)
+    missing = None if capture is not None else ref.missing_model()
+    at_hand = missing is None
     dump, feed = _features(features, data_format, ref, report, final.layers, path, at_hand, max_new_tokens)
     cannot = _cannot_measure(rep, ckpt, tcfg)
-    why_not = cannot or (None if at_hand else f"the target's weights are not all in {ref.folder}")
+    why_not = cannot or (None if at_hand else f"the target's weights are not all in {ref.folder} ({missing})")
     if why_not:
         report["notes"].append(f"not measured: {why_not}")
         if feed is not None and not cannot:  # the draft runs: measure it on the cache as stored

@@ -168,7 +168,8 @@ class Measurer:
         """The draft vocabulary as target ids, the draft id of every target id (-1: not drafted), and a
         key naming that vocabulary (for `_target_log_probs`'s cache). Once per run, not per sample."""
         ids = drafter.to_target_ids(torch.arange(drafter.lm_head.out_features))
-        draft_id = torch.full((self.lm_head.shape[0],), -1, dtype=torch.long).index_copy_(0, ids, torch.arange(len(ids)))
+        draft_id = torch.full((self.lm_head.shape[0],), -1, dtype=torch.long)
+        draft_id.index_copy_(0, ids, torch.arange(len(ids)))
         return ids, draft_id, (len(ids), hash(ids.numpy().tobytes()))
 
     def continuous(self, sample: dict[str, Tensor], greedy: Tensor,

@@ -1,9 +1,11 @@
 """Which trainer wrote a cache, from what is on disk, and the reader that opens it.
 
-Detection looks only at names and headers, and at most one sample file: a cache can hold millions
-of files, so nothing is listed whole to recognise it. Marker files come first (eyas's manifest,
-the Arrow dataset's state.json, speculators' legacy data_config.json), then SpecForge's
-`*.ckpt[.gz]`, then the keys of the first `*.pt` (ModelOpt vs legacy speculators).
+Detection looks only at names and headers, and at most two sample files: a cache can hold millions
+of files, so nothing is walked whole to recognise it. The markers one listing deep come first
+(eyas's manifest, then `_marks`: the Arrow dataset's state.json with its hidden_states/, speculators'
+legacy data_config.json, SpecForge's sample groups, the keys of the folder's first `*.pt`), and a
+folder marked as two caches is refused rather than read as one; a folder marked as none is walked
+for SpecForge's `*.ckpt[.gz]`, then for the first `*.pt` (ModelOpt vs legacy speculators).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import torch
 
 from eyas.data.caches import arrow, modelopt, native, specforge, speculators, speculators_legacy
 from eyas.data.caches.base import FeatureCache, safetensors_shapes
@@ -84,16 +88,15 @@ def _detect_pt(path: Path) -> str:
 
 
 def _detect_folder(folder: Path) -> str:
-    if native.is_shards(folder):
-        return native.SHARDS
-    if speculators.is_cache(folder):
-        return speculators.FORMAT
+    found = ([native.SHARDS] if native.is_shards(folder) else []) + _marks(folder, _names(folder))
+    if len(found) > 1:
+        raise _mixed(folder, found)
+    if found:
+        return found[0]
     if arrow.is_dataset(folder):
         raise FormatError(f"{folder}: an Arrow dataset without {speculators.HS_DIR}/",
                           "generate its hidden states with speculators' scripts/data_generation_offline.py first")
-    if speculators_legacy.is_cache(folder):
-        return speculators_legacy.FORMAT
-    if specforge.has_files(folder):
+    if specforge.has_files(folder):  # sample groups further down
         return specforge.FORMAT
     first = _first_pt(folder)
     if first is not None:
@@ -101,15 +104,71 @@ def _detect_folder(folder: Path) -> str:
     raise FormatError(f"{folder}: no feature cache found ({_contents(folder)})", formats_hint())
 
 
+# what marks each format in a folder, as a refusal names it
+_MARKERS = {
+    native.SHARDS: MANIFEST,
+    speculators.FORMAT: f"{arrow.STATE} and {speculators.HS_DIR}/",
+    specforge.FORMAT: "rows_*/ or data_*.ckpt",
+    speculators_legacy.FORMAT: "data_*.pt",
+    modelopt.FORMAT: "*.pt holding aux_hidden_states",
+}
+
+
+def _mixed(folder: Path, found: list[str]) -> FormatError:
+    """Each reader takes only its own files: read as one format, the other cache would be skipped unsaid."""
+    caches = " and ".join(f"{fmt} ({_MARKERS[fmt]})" for fmt in found)
+    return FormatError(f"{folder}: holds the files of {len(found)} feature caches, {caches}: read as one, the "
+                       "rest would be skipped", f"name the one to read with --data-format {found[0]} or "
+                       f"--data-format {found[1]}, or move each cache into a folder of its own")
+
+
 # SpecForge's sample groups and samples (specforge.py); not any *.ckpt: Lightning writes those anywhere
 _SPECFORGE_NAME = re.compile(r"rows_\d+-\d+|data_\d+\.ckpt(\.gz)?")
 
 
+def _names(folder: Path) -> list[str]:
+    """The folder's entries (none where it cannot be listed)."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _marks(folder: Path, names: list[str]) -> list[str]:
+    """The formats other than eyas's whose markers `names` (the folder's listing) hold: a speculators
+    dataset with its hidden states, SpecForge's sample groups or samples (by their names), a legacy
+    speculators data_config.json beside its data_{i}.pt, and what the keys of the first `*.pt` say."""
+    found = [speculators.FORMAT] if speculators.is_cache(folder) else []
+    if any(_SPECFORGE_NAME.fullmatch(n) for n in names):
+        found.append(specforge.FORMAT)
+    if speculators_legacy.CONFIG in names and speculators_legacy.is_cache(folder):
+        found.append(speculators_legacy.FORMAT)
+    first = min((n for n in names if n.endswith(".pt")), default=None)  # not sorted: a flat cache is large
+    peeked = None if first is None else _peek_pt(folder / first)
+    if peeked is not None and peeked not in found:
+        found.append(peeked)
+    return found
+
+
+def _peek_pt(path: Path) -> str | None:
+    """The format the keys of a `*.pt` name (ModelOpt's or legacy speculators'), or None for any other
+    file. Only its pickle is read, its tensors mapped, not loaded, nor their checksums verified: every
+    folder above an output is asked, and one may hold a model's checkpoint of many gigabytes."""
+    try:
+        record = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except Exception:  # not a file, not torch's zip format, not a plain dict of tensors: no sample
+        return None
+    if not isinstance(record, dict):
+        return None
+    if modelopt.is_record(record):
+        return modelopt.FORMAT
+    return speculators_legacy.FORMAT if speculators_legacy.is_record(record) else None
+
+
 def marked_cache(folder: Path) -> str | None:
-    """The format of the feature cache `folder` is, by its markers one listing deep, or None: an eyas
-    capture's manifest, a speculators dataset with its hidden states, SpecForge's sample groups or
-    samples (by their names). Every folder above an output is asked (`eyas.cli.preflight.apart`), so
-    nothing is walked, and a manifest.json, state.json or last.ckpt of anything else is no cache."""
+    """The format of the feature cache `folder` is, by its markers one listing deep (`_marks`), or None.
+    Every folder above an output is asked (`eyas.cli.preflight.apart`), so nothing is walked, and a
+    manifest.json, state.json, last.ckpt or *.pt of anything else is no cache."""
     if not folder.is_dir():
         return None
     if native.is_shards(folder):
@@ -119,15 +178,8 @@ def marked_cache(folder: Path) -> str | None:
             manifest = None
         if isinstance(manifest, dict) and manifest.get("format") == CAPTURE_FORMAT:
             return native.SHARDS
-    if speculators.is_cache(folder):
-        return speculators.FORMAT
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return None
-    if any(_SPECFORGE_NAME.fullmatch(n) for n in names):
-        return specforge.FORMAT
-    return None
+    found = _marks(folder, _names(folder))
+    return found[0] if found else None
 
 
 def _first_pt(folder: Path) -> Path | None:
