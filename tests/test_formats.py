@@ -870,3 +870,104 @@ def test_the_current_folder_is_never_replaced(tmp_path, monkeypatch):
             write_checkpoint(dst, c, random_tensors(c), "eagle")
     assert [p.name for p in tmp_path.rglob("*")] == ["here", "below"]
     assert write_checkpoint("draft", c, random_tensors(c), "eagle").parent == tmp_path / "here" / "below"
+
+
+# --- convert: a draft eyas cannot run, the warnings it repeats, the verifier it records ------------
+
+_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+             "original_max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "eagle"])
+@pytest.mark.parametrize("keys", [
+    {"rope_scaling": _LONGROPE, "rope_parameters": {**_LONGROPE, "rope_theta": 100000.0}, "rope_theta": None},
+    {"rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+    {"hidden_act": "gelu_new"},
+], ids=["longrope", "mrope", "hidden_act"])
+def test_convert_keeps_a_part_eyas_cannot_run_where_its_formats_state_it(tmp_path, fmt, keys):
+    """A rope type or an activation the drafter lacks is written through as read, so convert round-trips
+    it (it refused such drafts as it refuses a layer the formats have no fields for)."""
+    src = _config_with(tmp_path, "src", fmt, **keys)
+    first = read_checkpoint(src)
+    assert first.contract.unsupported
+    convert_checkpoint(src, tmp_path / "mid", "eagle" if fmt == "speculators" else "speculators")
+    _, back = convert_checkpoint(tmp_path / "mid", tmp_path / "back", fmt)
+    assert back.contract.to_dict() == first.contract.to_dict()
+    assert _same_tensors(back.tensors, first.tensors)
+
+
+@pytest.mark.parametrize(("keys", "part"), [
+    ({"layer_types": ["chunked_attention", "full_attention"], "sliding_window": 8}, "attention kinds"),
+    ({"residual_multiplier": 0.22}, "Granite-style scaling"),
+    ({"num_experts": 8}, "mixture-of-experts MLP (8 experts)"),
+    ({"model_type": "qwen3_moe"}, "mixture-of-experts MLP (model_type 'qwen3_moe')"),
+], ids=["layer_types", "granite", "experts", "moe_model_type"])
+def test_convert_refuses_a_part_its_formats_cannot_state(tmp_path, keys, part):
+    """Attention kinds per layer, Granite multipliers and a MoE layer's fields are no contract fields: the
+    written config would drop them, into the same format too."""
+    src = _config_with(tmp_path, "src", "speculators", **keys)
+    for to in ("eagle", "speculators", "both"):
+        with pytest.raises(FormatError, match=re.escape(f"cannot convert this draft losslessly: it has a {part}")):
+            convert_checkpoint(src, tmp_path / to, to)
+        assert not (tmp_path / to).exists()
+
+
+def test_a_layer_reads_its_own_entry_of_a_layer_types_list_copied_from_the_target(tmp_path):
+    """vLLM's Llama layer reads layer_types at the draft layer's own index: entries past the draft's
+    layers are read by no one, and the draft converts (eyas writes one entry per layer)."""
+    src = _config_with(tmp_path, "src", "speculators", layer_types=["sliding_attention", "full_attention"],
+                       sliding_window=8)
+    first = read_checkpoint(src)
+    assert first.contract.sliding_window == 8 and first.contract.unsupported is None
+    _, back = convert_checkpoint(src, tmp_path / "eagle", "eagle")
+    assert back.contract.to_dict() == first.contract.to_dict()
+
+
+def test_convert_says_each_warning_once_naming_the_source(tmp_path, capsys):
+    """The written copy, read back in a temp folder, repeated the source's warnings under a path that is
+    gone once the folder is renamed into place."""
+    from eyas.cli import main
+
+    c = tiny_contract(draft_vocab_size=256).replace(has_lm_head=False)
+    write_checkpoint(tmp_path / "d", c, random_tensors(c), "eagle")
+    for args in ([], ["--json"]):
+        dst = tmp_path / f"out{len(args)}"
+        assert main(["convert", str(tmp_path / "d"), str(dst), "--format", "eagle", *args]) == 0
+        out = capsys.readouterr().out
+        assert out.count("no lm_head.weight") == 1 and str(tmp_path / "d" / "model.safetensors") in out
+        assert ".tmp" not in out
+    _, written = convert_checkpoint(tmp_path / "d", tmp_path / "api", "speculators")
+    (shared,) = [w for w in written.warnings if w["code"] == "lm_head_shared"]
+    assert shared["warning"].startswith(str(tmp_path / "api" / "model.safetensors"))
+
+
+def test_convert_to_speculators_names_the_verifier_as_init_does(tmp_path, capsys):
+    """An eagle draft naming no verifier: --verifier-name, else --target's path, is recorded (vLLM serves
+    the verifier a speculators config names); with neither, a warning says how to give one. A verifier the
+    source names is kept."""
+    from eyas.cli import main
+
+    c = tiny_contract(verifier=Verifier())
+    write_checkpoint(tmp_path / "src", c, random_tensors(c), "eagle")
+    tgt = tmp_path / "tgt"
+    tgt.mkdir()
+    (tgt / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 6, "vocab_size": 256}))
+
+    def verifier(dst, *flags):
+        assert main(["convert", str(tmp_path / "src"), str(tmp_path / dst), "--format", "speculators", *flags]) == 0
+        cfg = json.loads((tmp_path / dst / "config.json").read_text())
+        return cfg["speculators_config"]["verifier"]["name_or_path"], capsys.readouterr().out
+
+    name, out = verifier("t", "--target", str(tgt))
+    assert name == str(tgt) and "no verifier name" not in out
+    assert verifier("n", "--target", str(tgt), "--verifier-name", "org/model")[0] == "org/model"
+    name, out = verifier("none")
+    assert name is None and "no verifier name" in out and "--verifier-name ID" in out
+    name, out = verifier("json", "--json")
+    assert [p["code"] for p in json.loads(out)["problems"]] == ["verifier_name_missing"]
+    assert main(["convert", str(tmp_path / "n"), str(tmp_path / "kept"), "--format", "speculators",
+                 "--target", str(tgt)]) == 0
+    assert json.loads((tmp_path / "kept" / "config.json").read_text())["speculators_config"]["verifier"] == {
+        "name_or_path": "org/model", "architectures": ["LlamaForCausalLM"]}

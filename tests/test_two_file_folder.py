@@ -121,6 +121,19 @@ def test_equivalent_rope_spellings_agree(two_files):
     assert not [d for d in ck.disagreements if d["field"] == "rope_scaling"] and ck.contract.rope_scaling is None
 
 
+def test_weights_that_fit_the_other_file_are_refused_naming_the_disagreement(two_files, capsys):
+    """The vocab written larger in config_speculators.json (the file read): the weights that do not fit
+    it, which inspect refused, are the disagreement's symptom, and its fix is the files'."""
+    spec = json.loads((two_files / "config_speculators.json").read_text())
+    spec["transformer_layer_config"]["vocab_size"] += 1
+    (two_files / "config_speculators.json").write_text(json.dumps(spec))
+    capsys.readouterr()
+    assert main(["inspect", str(two_files)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config.json and config_speculators.json disagree on vocab_size") and "; and so " in err
+    assert "hint: fix the wrong file, or delete it" in err
+
+
 def test_check_on_unreadable_weights_exits_2(tmp_path, capsys):
     c = tiny_contract(capture_layers=(2, 3, 5))
     write_checkpoint(tmp_path / "ck", c, random_tensors(c), "speculators")

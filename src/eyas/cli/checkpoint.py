@@ -218,6 +218,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.check import consumer_warnings, consumers
     from eyas.formats import convert_checkpoint
+    from eyas.target import target_name
 
     log(f"reading {args.src}")
     source, written = convert_checkpoint(
@@ -228,13 +229,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
         layer_convention=args.layer_convention,
         verifier_config=_verifier_config(args),
         verifier_name=args.verifier_name,
+        target_name=None if args.target is None else target_name(args.target),
     )
     files = sorted(p.name for p in written.path.iterdir())
+    seen = {(w["code"], w["field"]) for w in source.warnings}  # the written copy repeats the source's findings
     warnings = (
         source.warnings
-        + [w for w in written.warnings if w not in source.warnings]
+        + [w for w in written.warnings if (w["code"], w["field"]) not in seen]
         + consumer_warnings(consumers(written))
     )
+    problems = _unnamed_verifier(written, args.format)
     if args.json:
         print_json(
             {
@@ -246,6 +250,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 "contract": written.contract.to_dict(),
                 "tensors": len(written.tensors),
                 "warnings": warnings,
+                "problems": problems,
             }
         )
     else:
@@ -253,9 +258,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
             f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors "
             "bit-identical, contract unchanged"
         )
-        for w in warnings:
+        for w in warnings + problems:
             print(f"warning: {text_of(w)}")
     return 0
+
+
+def _unnamed_verifier(written: Checkpoint, fmt: str) -> list[dict[str, str]]:
+    """`eyas check`'s verifier_name_missing, said as convert writes it: a speculators config without a
+    verifier name, where neither the source, --target nor --verifier-name gave one."""
+    from eyas.codes import finding
+
+    if fmt == "eagle" or written.contract.verifier.name_or_path:
+        return []
+    return [finding(
+        "verifier_name_missing",
+        "speculators_config.verifier.name_or_path",
+        f"{written.path / 'config.json'}: no verifier name (the source names none, and neither --verifier-name nor "
+        "--target gave one): `vllm serve DIR` has no target to serve (vLLM loads it only beside a target it is "
+        "given: --speculative-config); pass --verifier-name ID (the target's hub id)",
+        "eyas convert SRC DST --format speculators --verifier-name ORG/MODEL",
+    )]
 
 
 # --- init ---------------------------------------------------------------------------------------

@@ -108,15 +108,16 @@ def _read_window(p: Parsed, src: dict, where: str) -> None:
     0.32's Llama layer (models/llama.py, a draft's own index into it): "sliding_attention" attends over
     the last `sliding_window` tokens, and so does eyas's drafter (`eyas.ttt_attention.in_window`). Without
     `layer_types` every layer attends over the whole context, whatever `sliding_window` a trainer copied
-    from its target beside `use_sliding_window: false`."""
+    from its target beside `use_sliding_window: false`. Draft layer i reads entry i, so entries past the
+    draft's layers (a list copied from its target) are read by no one."""
     kinds = src.get("layer_types")
     if kinds is None:
         p.set("sliding_window", None, f"full attention ({where}layer_types not in {p.file})")
         return
-    kinds = texts(p.file, where + "layer_types", kinds)
-    if len(kinds) < p.fields["num_hidden_layers"]:
-        raise refuse(p.file, where + "layer_types", list(kinds),
-                     f"one kind per layer ({p.fields['num_hidden_layers']})")
+    kinds, n = texts(p.file, where + "layer_types", kinds), p.fields["num_hidden_layers"]
+    if len(kinds) < n:
+        raise refuse(p.file, where + "layer_types", list(kinds), f"one kind per layer ({n})")
+    kinds = kinds[:n]  # layer i reads entry i: a list copied from the target holds one per target layer
     other = sorted(set(kinds) - set(_ATTENTION_KINDS))
     if other or len(set(kinds)) > 1:
         p.unrunnable.append(f"attention kinds {list(kinds)} ({where}layer_types; eyas runs one of "

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from eyas.codes import finding, prefixed
+from eyas.codes import finding, prefixed, text_of
 from eyas.contract import DraftContract, Verifier, target_facts
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.formats.compare import agreement, choose_config, config_paths, disagreements
@@ -70,12 +70,16 @@ class Checkpoint:
 
 
 class _Issues:
-    """Problems that make a checkpoint unusable: raised at once (strict) or collected (for `eyas check`)."""
+    """Problems that make a checkpoint unusable: raised at once (strict) or collected (for `eyas check`).
+    Where the config files disagree in a way that changes the draft (`cause`), the error names that first:
+    weights that fit the other file are the disagreement's symptom, and its fix is the one to make."""
 
-    def __init__(self, strict: bool):
-        self.strict, self.problems = strict, []
+    def __init__(self, strict: bool, cause: dict[str, str] | None = None):
+        self.strict, self.problems, self.cause = strict, [], cause
 
     def add(self, err: type[EyasError], problem: dict[str, str]) -> None:
+        if self.strict and self.cause is not None:
+            raise err(f"{text_of(self.cause)}; and so {problem['problem']}", self.cause["fix"])
         if self.strict:
             raise err(problem["problem"], problem["fix"])
         self.problems.append(problem)
@@ -103,7 +107,7 @@ def read_checkpoint(
     parsed, files, configs = _parse_files(path, facts.get("num_hidden_layers"), layer_convention)
     used, why = choose_config(files)
     disagree = disagreements(parsed, used, layer_convention)
-    issues = _Issues(strict)
+    issues = _Issues(strict, next((d for d in disagree if "problem" in d), None))
     p = parsed[used]
     origin = dict(p.origin)
     warnings = [w for q in parsed.values() for w in q.warnings] + [d for d in disagree if "warning" in d]

@@ -18,6 +18,8 @@ from eyas.atomic import temp_folder, write_json
 from eyas.contract import DraftContract
 from eyas.errors import ContractError, FormatError
 from eyas.formats.emit import eagle_config, speculators_config, verifier_config_of
+from eyas.formats.parse import parse_eagle, parse_speculators
+from eyas.formats.parsed import Parsed
 from eyas.formats.read import Checkpoint, read_checkpoint
 from eyas.formats.schema import CONFIG_NAMES, FORMATS, detect_format
 from eyas.formats.validate import tensor_problems
@@ -101,7 +103,14 @@ def _write(
         back = read_checkpoint(tmp, verifier_config=verifier_config_of(contract))
         _assert_same(contract, tensors, back)
     back.path = dst
+    back.warnings, back.problems = _moved(back.warnings, tmp, dst), _moved(back.problems, tmp, dst)
     return back
+
+
+def _moved(findings: list[dict[str, str]], tmp: Path, dst: Path) -> list[dict[str, str]]:
+    """Findings of the folder read back in `tmp`, naming `dst` instead: tmp is renamed to dst, so a path
+    into tmp would name a folder that no longer exists."""
+    return [{k: v.replace(str(tmp), str(dst)) for k, v in f.items()} for f in findings]
 
 
 def _assert_same(contract: DraftContract, tensors: dict[str, torch.Tensor], back: Checkpoint) -> None:
@@ -139,13 +148,17 @@ def convert_checkpoint(
     layer_convention: str | None = None,
     verifier_config: dict | None = None,
     verifier_name: str | None = None,
+    target_name: str | None = None,
 ) -> tuple[Checkpoint, Checkpoint]:
     """Read `src`, write it losslessly as `to` into `dst`; returns (source, written) checkpoints.
 
-    `verifier_name` replaces the recorded verifier id (what `vllm serve DIR` will load); nothing else
-    about the draft changes. Source config files that disagree on what the draft computes are
-    refused (the output would keep one file's word and drop the other's); other disagreements
-    (context length, epsilon rounding, verifier) are converted from the file eyas uses.
+    `verifier_name` replaces the recorded verifier id (what `vllm serve DIR` will load); `target_name`
+    (the --target's identity, what `init` records) is recorded only where the source names no verifier.
+    Nothing else about the draft changes. Source config files that disagree on what the draft computes
+    are refused (the output would keep one file's word and drop the other's); other disagreements
+    (context length, epsilon rounding, verifier) are converted from the file eyas uses. A part eyas
+    cannot run is converted where the written config states it as the source did (a rope type, an
+    activation), and refused where it would be dropped (_lossy_parts).
     """
     src_p, dst_p = Path(src).resolve(), Path(dst).resolve()
     if not src_p.is_dir():
@@ -157,12 +170,41 @@ def convert_checkpoint(
     source = read_checkpoint(src_p, layer_convention=layer_convention, verifier_config=verifier_config)
     if source.problems:  # strict reading leaves only the disagreements that change the draft here
         raise FormatError(source.problems[0]["problem"], source.problems[0]["fix"])
-    contract = source.contract
-    if contract.unsupported:  # the formats eyas writes hold Llama/Qwen3 layers: the rest would be dropped
+    lost = _lossy_parts(source, to, layer_convention)
+    if lost:
         raise FormatError(
-            f"{source.config_path}: eyas cannot convert this draft losslessly: it has a {contract.unsupported}",
+            f"{source.config_path}: eyas cannot convert this draft losslessly: it has a {lost}, which eyas's "
+            f"{'speculators and eagle configs' if to == 'both' else to + ' config'} cannot state",
             "keep the draft in the format its trainer wrote; eyas inspect and eyas check read it as it is",
         )
-    if verifier_name:
-        contract = contract.replace(verifier=dataclasses.replace(contract.verifier, name_or_path=verifier_name))
+    name = verifier_name or source.contract.verifier.name_or_path or target_name
+    contract = source.contract.replace(verifier=dataclasses.replace(source.contract.verifier, name_or_path=name))
     return source, _write(dst_p, contract, source.tensors, to, force)
+
+
+def _lossy_parts(source: Checkpoint, to: str, layer_convention: str | None = None) -> str | None:
+    """The parts eyas cannot run that writing `source` as `to` would drop, named; None when none would be.
+
+    The emitters write the contract, which states a rope type and an activation whatever they are, but
+    has no fields for a layer with tensors a dense Llama/Qwen3 layer lacks (experts, latent attention,
+    NextN, ModelOpt's extra norms: `Parsed.foreign_layout`) nor for what eyas does not read into it
+    (Granite multipliers, attention kinds that differ by layer): any other part is kept when the
+    written config reads back with it.
+    """
+    if source.contract.unsupported is None:
+        return None
+    used, n = source.config_used, source.contract.verifier.num_hidden_layers
+    had = _parsed(source.configs[used], source.files[used], n, layer_convention)
+    written = [_parsed(cfg, fmt, n, None).unrunnable for fmt, cfg in
+               (("speculators", speculators_config(source.contract)), ("eagle", eagle_config(source.contract)))
+               if to in (fmt, "both")]
+    lost = [part for part in had.unrunnable
+            if part in had.foreign_layout or not all(part in parts for parts in written)]
+    return "; ".join(lost) or None
+
+
+def _parsed(cfg: dict, fmt: str, n_target: int | None, layer_convention: str | None) -> Parsed:
+    """Config `cfg` as its reader reads it (the parts eyas has no code for, named)."""
+    if fmt == "speculators":
+        return parse_speculators(cfg, "config.json", n_target)
+    return parse_eagle(cfg, "config.json", n_target, layer_convention)
