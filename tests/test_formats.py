@@ -734,6 +734,22 @@ def test_a_full_disk_is_one_line_and_leaves_no_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
 
 
+def test_torch_save_on_a_full_disk_and_a_folder_the_machine_will_not_make_are_one_line(tmp_path):
+    """torch.save reports a full disk as a RuntimeError raised over the OSError (train's checkpoints);
+    a folder under a file, or under /proc, cannot be made: both are the user's error, not a traceback."""
+    code = ("import resource, torch; resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); "
+            "from eyas.atomic import write_atomic; from eyas.errors import EyasError\n"
+            "try: write_atomic(%r, lambda f: torch.save(torch.zeros(100000), f))\n"
+            "except EyasError as e: print(e)") % str(tmp_path / "state.pt")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.stdout.startswith(f"{tmp_path / 'state.pt'}: cannot write it (") and "Traceback" not in run.stderr
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "afile").write_text("x")
+    from eyas.atomic import make_folders
+    with pytest.raises(EyasError, match=r"afile/sub: cannot write it \(Not a directory\)"):
+        make_folders(tmp_path / "afile" / "sub")
+
+
 def test_weights_that_are_not_finite_are_named_with_their_counts(tmp_path):
     path, c = _good(tmp_path)
     fc = random_tensors(c)["fc.weight"]

@@ -51,18 +51,34 @@ def ordinary_modes(path: Path) -> None:
         path.chmod(0o666 & ~mask)
 
 
+def _os_error(e: BaseException | None) -> OSError | None:
+    """The OSError behind `e`: itself, or the one it was raised from or while handling (torch.save's
+    writer reports a full disk as a RuntimeError raised while handling the OSError)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 @contextmanager
 def _writing(path: Path) -> Iterator[None]:
     """The machine's refusals to write `path` as the user's error (exit 2), not eyas's traceback.
-    safetensors reports them as a SafetensorError saying "I/O error"; any other is a bug, and rises."""
+    safetensors reports them as a SafetensorError saying "I/O error", torch.save as a RuntimeError
+    over the OSError; any other is a bug, and rises."""
     try:
         yield
     except FileExistsError:
         raise
-    except (OSError, SafetensorError) as e:
+    except (OSError, SafetensorError, RuntimeError) as e:
         if isinstance(e, SafetensorError) and "I/O error" not in str(e):
             raise
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        os_error = _os_error(e)
+        if isinstance(e, RuntimeError) and os_error is None:
+            raise
+        why = os_error.strerror if os_error is not None and os_error.strerror else str(e)
         raise EyasError(f"{path}: cannot write it ({why})",
                         "free space on its disk, check the folder's permissions, or write somewhere else") from e
 
@@ -151,7 +167,8 @@ def temp_folder(dst: str | Path, *, replace: bool = False) -> Iterator[Path]:
 def make_folders(folder: Path) -> list[Path]:
     """Make `folder` and its missing parents; those it made, innermost first (for `remove_empty`)."""
     made = list(itertools.takewhile(lambda p: not p.exists(), [folder, *folder.parents]))
-    folder.mkdir(parents=True, exist_ok=True)
+    with _writing(folder):  # a folder the machine will not make (/proc/x, a read-only mount) is one line
+        folder.mkdir(parents=True, exist_ok=True)
     return made
 
 
