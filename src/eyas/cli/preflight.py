@@ -70,11 +70,21 @@ def capture_layers(args: argparse.Namespace) -> None:
                         "index k is the input of target layer k, e.g. --capture-layers 2,15,27")
 
 
-def tree(args: argparse.Namespace) -> None:
-    """--tree is depth,top_k,budget."""
-    from eyas.draft_shape import parse_tree
+def draft_room(args: argparse.Namespace, depths: dict[str, int | None], widths: dict[str, int | None]) -> None:
+    """Drafts that fit the target: no chain, tree depth or tree budget (`depths`) of its context's length
+    or more, no branching (`widths`) past its vocabulary. Said before anything loads: a 10^8-token chain
+    was a traceback from allocating terabytes of KV cache, minutes in."""
+    from eyas.cli.inputs import target_of
+    from eyas.target_ref import TargetRef
 
-    parse_tree(getattr(args, "tree", None))
+    config = TargetRef.resolve(target_of(args, weights=True), weights=False).text_config
+    for limits, key, what in ((depths, "max_position_embeddings", "context"), (widths, "vocab_size", "vocabulary")):
+        bound = config.get(key)
+        for flag, value in limits.items():
+            if isinstance(bound, int) and value is not None and value >= bound:
+                example = "--tree 5,4,16" if flag.startswith("--tree ") else f"{flag} 5"
+                raise EyasError(f"{flag} {value}: not below the target's {what} of {bound} tokens",
+                                f"draft fewer: EAGLE-3 drafts a few tokens a step (e.g. {example})")
 
 
 SEED_RANGE = (0, 2**63 - 1)  # what torch's generators take; eyas derives its other seeds inside it
@@ -384,6 +394,7 @@ def _eval(a: argparse.Namespace) -> None:
     at_least(a, 1, "limit", "max_new_tokens", "depth", "tree_top_k", "tree_depth")
     sampling(a)
     target(a, weights=True, whole=not a.data)
+    draft_room(a, {"--depth": a.depth, "--tree-depth": a.tree_depth}, {"--tree-top-k": a.tree_top_k})
     if a.data:
         if a.max_new_tokens is not None:
             print(f"warning: --max-new-tokens {a.max_new_tokens} does nothing with --data: eval measures the "
@@ -402,11 +413,15 @@ def _eval(a: argparse.Namespace) -> None:
 
 
 def _decoding(a: argparse.Namespace) -> None:
+    from eyas.draft_shape import parse_tree
+
     at_least(a, 1, "max_new_tokens", "draft_tokens", "limit")
     at_least(a, 0, "top_k")
     sampling(a)
-    tree(a)
+    shape = parse_tree(a.tree) or (None, None, None)
     target(a, weights=True, whole=True)
+    draft_room(a, {"--draft-tokens": a.draft_tokens, "--tree depth": shape[0], "--tree budget": shape[2]},
+               {"--tree top_k": shape[1]})
 
 
 def _generate(a: argparse.Namespace) -> None:
@@ -446,6 +461,7 @@ def _serve_check(a: argparse.Namespace) -> None:
     at_least(a, 2, "max_new_tokens")
     sampling(a)
     target(a, weights=True, whole=True)
+    draft_room(a, {"--draft-tokens": a.draft_tokens}, {})
     prompts(a.prompts, limit=a.limit)
     output_file(a.dump, "--dump")
     apart(a.dump, "--dump", {"DRAFTER": a.drafter, "--target": a.target, "--prompts": a.prompts})
