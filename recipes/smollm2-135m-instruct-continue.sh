@@ -40,8 +40,8 @@ target=()
 data=$(IFS=,; echo "$*")
 mkdir -p "$RUN"
 
-# A run folder with checkpoints resumes (the warm start happened in its first run); else warm-start.
-if [ -d "$RUN/train/checkpoints" ]; then start=(--resume); else start=(--init "$INIT"); fi
+# A run folder with a checkpoint resumes (the warm start happened in its first run); else warm-start.
+if ls "$RUN/train/checkpoints"/step_*.pt > /dev/null 2>&1; then start=(--resume); else start=(--init "$INIT"); fi
 if [ "$PROCS" -gt 1 ]; then
   launch=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$PROCS" -m eyas)
 else

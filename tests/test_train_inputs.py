@@ -141,3 +141,10 @@ def test_a_fresh_run_never_writes_over_another_runs_curves(tmp_path):
     (tmp_path / "train_curves.png").write_bytes(b"png")
     with pytest.raises(EyasError, match=r"already holds a training run \(train_curves.png\)"):
         refuse_old_run(RunFiles.of(tmp_path))
+
+
+def test_resume_without_a_run_is_refused_not_started_afresh(target_dir, captured, tmp_path):
+    """A mistyped --out with --resume started a fresh run from step 0 and said nothing."""
+    with pytest.raises(EyasError, match=r"no training run to resume \(no checkpoint in ") as e:
+        train(config(captured, tmp_path / "typo", target_dir, resume=True))
+    assert "drop --resume" in e.value.hint and not (tmp_path / "typo").exists()

@@ -356,7 +356,7 @@ def capture_out(path: str) -> None:
 def train_run(args: argparse.Namespace) -> None:
     """`eyas train`: the target, the settings, every capture folder, the warm start, the run folder."""
     from eyas.train import config_from_args
-    from eyas.train.checkpoint import RunFiles, refuse_old_run
+    from eyas.train.checkpoint import RunFiles, refuse_old_run, resumable
     from eyas.train.config import check_config, data_folders
 
     target(args, weights=True)
@@ -369,7 +369,9 @@ def train_run(args: argparse.Namespace) -> None:
     output_folder(config.out, "--out")
     apart(config.out, "--out", {"--target": args.target, "--init": config.init,
                                 **{f"--data {f}": f for f in data_folders(config)}})
-    if not config.resume:
+    if config.resume:
+        resumable(RunFiles.of(config.out))
+    else:
         refuse_old_run(RunFiles.of(config.out))
 
 

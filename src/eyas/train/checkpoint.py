@@ -58,6 +58,16 @@ def refuse_old_run(files: RunFiles) -> None:
                         "pass --resume to continue it, or choose a new --out")
 
 
+def resumable(files: RunFiles) -> Path:
+    """The checkpoint a resumed run continues from; refused where there is none (a mistyped --out
+    would otherwise start a fresh run from step 0 and say nothing)."""
+    found = latest_checkpoint(files.checkpoints)
+    if found is None:
+        raise EyasError(f"{files.out}: no training run to resume (no checkpoint in {files.checkpoints})",
+                        "drop --resume to start a run there, or pass the --out of the run to continue")
+    return found
+
+
 def prepare(files: RunFiles, resumed_step: int | None) -> list[Path]:
     """Make the checkpoint folder, drop temp files of a killed write, and start or trim the log.
     Returns the folders it made, innermost first (`forget_run` removes them)."""

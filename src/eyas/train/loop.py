@@ -52,6 +52,7 @@ from eyas.train.checkpoint import (
     prepare,
     read_log,
     refuse_old_run,
+    resumable,
     save_state,
     set_rng_state,
 )
@@ -141,7 +142,7 @@ class _Run:
         self.device = _device(c)
         # what each step's seconds ran on: learning curves count processor-hours (eyas.train.curve)
         self.hardware = {"device": self.device.type, "procs": self.world_size, "threads": torch.get_num_threads()}
-        self.resumed_from = latest_checkpoint(self.files.checkpoints) if c.resume else None
+        self.resumed_from = resumable(self.files) if c.resume else None
         if not c.resume:
             refuse_old_run(self.files)
         self.state = load_state(self.resumed_from, c, self.world_size) if self.resumed_from else None
