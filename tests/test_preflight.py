@@ -191,6 +191,7 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["generate", "--prompt", "hi", "--seed", "-1"], "--seed -1: must be from 0"),
     (["generate", "--prompt", "hi", "--draft-tokens", "4", "--tree", "3,2,4"], "--draft-tokens 4 and --tree 3,2,4"),
     (["bench", "--plot", "OUT.txt"], "matplotlib writes no .txt files"),
+    (["eval", "--plot", "OUT.txt"], "matplotlib writes no .txt files"),
     (["generate", "--prompt", "hi", "--draft-tokens", "100000000"], "--draft-tokens 100000000: not below the "
                                                                      "target's context of 64 tokens"),
     (["generate", "--prompt", "hi", "--tree", "6,4,64"], "--tree budget 64: not below the target's context"),

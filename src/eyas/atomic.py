@@ -109,6 +109,13 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
+def write_figure(path: str | Path, figure: Any, dpi: int) -> Path:
+    """A matplotlib figure in the format its suffix names (none: PNG), as `savefig(path)` infers it,
+    written atomically (`--plot` checks the suffix first: eyas.cli.preflight.plot_format)."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    return write_atomic(path, lambda f: figure.savefig(f, format=fmt, dpi=dpi))
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Pretty JSON with a final newline (NaN as null: eyas.jsonsafe), written atomically."""
     return write_text(path, dumps(obj, indent=2) + "\n")

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from eyas.acceptance import difference, figures, sample_counts, stacked, top_ids
-from eyas.atomic import write_atomic
+from eyas.atomic import write_figure
 from eyas.contract import default_capture_layers
 from eyas.data import MANIFEST, capture, read_prompts
 from eyas.data.shards import check_target
@@ -476,5 +476,5 @@ def plot_report(report: dict, path) -> None:
         a.legend(fontsize=7)
     fig.suptitle(f"{report['drafter']}: {report['tokens']} positions")
     fig.tight_layout()
-    write_atomic(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
+    write_figure(path, fig, dpi=120)
     plt.close(fig)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.atomic import write_atomic
+from eyas.atomic import write_figure
 from eyas.bench.timing import METHODS
 from eyas.draft_shape import shape_label
 from eyas.dtypes import short_name
@@ -140,6 +140,5 @@ def plot_bench(report: dict, path: str | Path) -> None:
                  f"{report['max_new_tokens']} new tokens", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fmt = Path(path).suffix.lstrip(".").lower() or None  # as savefig(path) infers it; None: png
-    write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=120))
+    write_figure(path, fig, dpi=120)
     plt.close(fig)

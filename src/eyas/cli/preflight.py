@@ -333,7 +333,7 @@ def _in_a_cache(o: Path, out: str | Path, flag: str, resumes: bool) -> None:
 
 
 def plot_format(path: str | None) -> None:
-    """`eyas bench --plot`: a suffix matplotlib writes (none: PNG), checked before the benchmark runs."""
+    """`--plot`: a suffix matplotlib writes (none: PNG), checked before the measurement runs."""
     if path is None or not Path(path).suffix:
         return
     from matplotlib.figure import Figure
@@ -410,6 +410,7 @@ def _eval(a: argparse.Namespace) -> None:
     if a.against not in (None, "default"):
         existing(a.against, "--against")
     output_file(a.plot, "--plot")
+    plot_format(a.plot)
     apart(a.plot, "--plot", {"DRAFTER": a.drafter, "--target": a.target, "--data": a.data, "--prompts": a.prompts,
                              "--against": a.against})
 
