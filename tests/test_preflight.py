@@ -230,6 +230,17 @@ def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path
     assert not (tmp_path / "run").exists()
 
 
+def test_a_capture_is_not_written_among_a_drafts_files(world, tmp_path, capsys, no_loading):
+    """Shards beside a draft's config and weights made the folder both a draft and a feature cache."""
+    import shutil
+
+    shutil.copytree(world["draft"], tmp_path / "draft")
+    before = sorted(p.name for p in (tmp_path / "draft").iterdir())
+    refused(capsys, ["capture", "--prompts", str(world["prompts"]), "--out", str(tmp_path / "draft"), "--target",
+                     str(world["target"])], "holds other files (config.json")
+    assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == before
+
+
 def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
     """A plot, a dump or an output folder is none of the verb's inputs and overwrites nothing inside one,
     and a folder --force replaces holds none; a new file beside an input's files is fine."""
