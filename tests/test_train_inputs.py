@@ -141,6 +141,10 @@ def test_a_fresh_run_never_writes_over_another_runs_curves(tmp_path):
     (tmp_path / "train_curves.png").write_bytes(b"png")
     with pytest.raises(EyasError, match=r"already holds a training run \(train_curves.png\)"):
         refuse_old_run(RunFiles.of(tmp_path))
+    (tmp_path / "train_curves.png").unlink()
+    (tmp_path / "config.json").write_text("{}")  # a draft's folder: its weights would sit beside a run's
+    with pytest.raises(EyasError, match=r"holds other files \(config.json\): a run is written into a new or empty"):
+        refuse_old_run(RunFiles.of(tmp_path))
 
 
 def test_resume_without_a_run_is_refused_not_started_afresh(target_dir, captured, tmp_path):

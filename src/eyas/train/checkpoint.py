@@ -51,11 +51,17 @@ class RunFiles:
 
 
 def refuse_old_run(files: RunFiles) -> None:
-    """A fresh run never writes over another run's files."""
+    """A fresh run never writes over another run's files, nor among anything else's (a draft folder
+    would hold a run's checkpoints beside its own weights): its --out is new or empty."""
     found = [p.name for p in (files.checkpoints, files.draft, files.log, files.curves) if p.exists()]
     if found:
         raise EyasError(f"{files.out} already holds a training run ({', '.join(found)})",
                         "pass --resume to continue it, or choose a new --out")
+    other = sorted(p.name for p in files.out.iterdir()) if files.out.is_dir() else []
+    if other:
+        more = ", ..." if len(other) > 3 else ""
+        raise EyasError(f"{files.out} (--out) holds other files ({', '.join(other[:3])}{more}): a run is written "
+                        "into a new or empty folder", "choose a new --out")
 
 
 def resumable(files: RunFiles) -> Path:
