@@ -253,6 +253,14 @@ def test_check_warns_where_an_engine_reading_the_format_refuses_the_draft(tmp_pa
     assert w["field"] == "num_aux_hidden_states"
 
 
+def test_init_says_which_engine_will_not_load_what_it_wrote(tmp_path, capsys):
+    from eyas.cli import main
+
+    assert main(["init", str(tmp_path / "one"), "--capture-layers", "5", "--json"]) == 0
+    (w,) = json.loads(capsys.readouterr().out)["warnings"]
+    assert w["code"] == "consumer_cannot_load" and "fc.weight reads 1" in text_of(w)
+
+
 @pytest.mark.parametrize("verifier, loads, says", [
     ({"name_or_path": None, "architectures": ["LlamaForCausalLM"]}, True, "vllm serve TARGET --speculative-config"),
     ({"architectures": ["LlamaForCausalLM"]}, False, "Invalid speculators config structure"),

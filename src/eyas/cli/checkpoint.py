@@ -285,9 +285,10 @@ def _unnamed_verifier(written: Checkpoint, fmt: str) -> list[dict[str, str]]:
 
 def cmd_init(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
+    from eyas.check import consumer_warnings, consumers
     from eyas.contract import contract_for_target
     from eyas.drafter import Drafter
-    from eyas.formats import write_checkpoint
+    from eyas.formats import read_checkpoint, write_checkpoint
     from eyas.target import load_target_embeddings, target_config, target_name
 
     target = target_of(args, weights=True)
@@ -295,9 +296,12 @@ def cmd_init(args: argparse.Namespace) -> int:
                                    name=args.verifier_name or target_name(target))
     drafter = Drafter(contract, embed_tokens=load_target_embeddings(target)).init_weights(args.seed)
     path = write_checkpoint(args.dst, contract, drafter.state_dict(), args.format, force=args.force)
+    warnings = consumer_warnings(consumers(read_checkpoint(path)))  # an engine that will not load it, say
     if args.json:
-        print_json({"path": str(path), "format": args.format, "contract": contract.to_dict()})
+        print_json({"path": str(path), "format": args.format, "contract": contract.to_dict(), "warnings": warnings})
     else:
         print(f"wrote {path} ({args.format}): a random draft for {contract.verifier.name_or_path}, "
               f"capture layers {list(contract.capture_layers)}")
+        for w in warnings:
+            print(f"warning: {text_of(w)}")
     return 0
