@@ -192,6 +192,7 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["generate", "--prompt", "hi", "--draft-tokens", "4", "--tree", "3,2,4"], "--draft-tokens 4 and --tree 3,2,4"),
     (["bench", "--plot", "OUT.txt"], "matplotlib writes no .txt files"),
     (["eval", "--plot", "OUT.txt"], "matplotlib writes no .txt files"),
+    (["bench", "--prompts", "copy,"], "prompts 'copy,': an empty name (a comma too many?)"),
     (["generate", "--prompt", "hi", "--draft-tokens", "100000000"], "--draft-tokens 100000000: not below the "
                                                                      "target's context of 64 tokens"),
     (["generate", "--prompt", "hi", "--tree", "6,4,64"], "--tree budget 64: not below the target's context"),
@@ -228,6 +229,12 @@ def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path
     refused(capsys, ["train", "--data", broken, "--out", tmp_path / "run", "--target", t, "--epochs", "0"],
             "epochs=0")
     assert not (tmp_path / "run").exists()
+
+
+def test_train_data_that_is_a_file_is_named_a_file(world, tmp_path, capsys, no_loading):
+    (tmp_path / "afile").write_text("x")
+    refused(capsys, ["train", "--data", str(tmp_path / "afile"), "--out", str(tmp_path / "run"), "--target",
+                     str(world["target"])], "afile is a file, not a folder written by `eyas capture`")
 
 
 def test_a_capture_is_not_written_among_a_drafts_files(world, tmp_path, capsys, no_loading):

@@ -74,6 +74,9 @@ def bench_prompts(prompts: str | Path = "mtbench", *, limit: int | None = None) 
     over the categories (the first of each category, then the second, ...), in their order.
     """
     names = [prompts] if isinstance(prompts, Path) else [p.strip() for p in str(prompts).split(",")]
+    if "" in names:
+        raise FormatError(f"prompts {str(prompts)!r}: an empty name (a comma too many?)",
+                          f"name prompt sets ({', '.join(PROMPT_SETS)}) or files, separated by single commas")
     unknown = [str(n) for n in names if n not in PROMPT_SETS and not Path(n).is_file()]
     if unknown:
         raise FormatError(f"prompts {str(prompts)!r}: {', '.join(unknown)} is neither a prompt set nor a file",

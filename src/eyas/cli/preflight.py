@@ -397,8 +397,8 @@ def _capture(a: argparse.Namespace) -> None:
     capture_layers(a)
     target(a, weights=True, whole=True)
     prompts(a.prompts, limit=None if a.limit is None else a.skip + a.limit)
+    apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)  # an input is named as one first
     capture_out(a.out)
-    apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
 
 
 def _eval(a: argparse.Namespace) -> None:
@@ -421,9 +421,9 @@ def _eval(a: argparse.Namespace) -> None:
     if a.against not in (None, "default"):
         existing(a.against, "--against")
     output_file(a.plot, "--plot")
-    plot_format(a.plot)
     apart(a.plot, "--plot", {"DRAFTER": a.drafter, "--target": a.target, "--data": a.data, "--prompts": a.prompts,
                              "--against": a.against})
+    plot_format(a.plot)  # after: a plot over an input is named as that
 
 
 def _decoding(a: argparse.Namespace) -> None:

@@ -354,6 +354,9 @@ def _skip_warning(path: Path, problem: str) -> None:
 
 def read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST
+    if folder.is_file():
+        raise FormatError(f"{folder} is a file, not a folder written by `eyas capture`",
+                          "point at the capture's folder (the one holding manifest.json)")
     if not path.is_file():
         raise FormatError(f"{path} does not exist", "point at a folder written by `eyas capture`")
     try:
