@@ -397,7 +397,8 @@ def _capture(a: argparse.Namespace) -> None:
     capture_layers(a)
     target(a, weights=True, whole=True)
     prompts(a.prompts, limit=None if a.limit is None else a.skip + a.limit)
-    apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)  # an input is named as one first
+    # an input is named as one before it is refused for holding other files
+    apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
     capture_out(a.out)
 
 
