@@ -187,6 +187,23 @@ def test_eval_cli_on_a_random_draft(tiny, tmp_path, capsys):
 
 
 
+def test_a_cache_row_longer_than_the_targets_context_is_said(tiny, tmp_path, capsys):
+    """eyas capture refuses such rows; a cache written elsewhere may hold them: measured, and said."""
+    from cache_writers import write_specforge
+
+    folder, _ = tiny
+    cache = tmp_path / "sf"
+    ids = torch.randint(4, 40, (80,), generator=torch.Generator().manual_seed(0))  # the tiny target's context: 64
+    write_specforge(Target.load(folder).model, [(ids, torch.ones(80, dtype=torch.long))], cache)
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--json", "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["data"]["longer_than_context"] == 1
+    assert f"warning: 1 sample(s) of {cache} are longer than the target's context (64 tokens; the longest 80)" in out.err
+
+
 @pytest.mark.parametrize("ids", [[4, 40], [4]])
 def test_a_cache_without_a_draft_position_is_refused_naming_it(tiny, tmp_path, capsys, ids):
     """Rows of 2 tokens or fewer hold no position the draft is measured at (it reads x_{t+1} and is

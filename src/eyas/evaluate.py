@@ -349,8 +349,9 @@ def evaluate(
             require_last_hidden(info)
         head = ref.head() if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
-        samples = itertools.islice(cache, limit) if limit else cache
-        samples = judged(samples, head, normed=info.last_hidden != PRE_NORM, device=ref.device,
+        samples, longer = itertools.islice(cache, limit) if limit else cache, []
+        context = ref.text_config.get("max_position_embeddings")
+        samples = judged(_noting_longer(samples, context, longer), head, normed=info.last_hidden != PRE_NORM, device=ref.device,
                          vocab_size=ref.vocab_size, where=info.path)
         t1 = time.perf_counter()
         answers = _answers_temperature(cache)
@@ -367,12 +368,27 @@ def evaluate(
     report["capture_layers"] = list(layers)
     report["data"] = {"format": info.format, "path": where, "layers": info.layers_note,
                       "layers_recorded": info.layers_recorded, "answers": info.answers_note,
-                      "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "answers_temperature": answers}
+                      "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "answers_temperature": answers,
+                      "longer_than_context": len(longer)}
+    if longer:
+        print(f"warning: {len(longer)} sample(s) of {where} are longer than the target's context ({context} tokens; "
+              f"the longest {max(longer)}): their positions past it are measured, though no engine serves them",
+              file=sys.stderr)
     report["cost"] = {"device": str(ref.device), "dtype": str(dtype).removeprefix("torch."),
                       "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(seconds, 2),
                       "positions_per_s": round(report["tokens"] / seconds, 1) if seconds > 0 else None,
                       "target_tensors_read": list(ref.read)}
     return report
+
+
+def _noting_longer(samples, context: int | None, longer: list[int]):
+    """The samples as they are, noting in `longer` the length of each longer than `context`: a cache
+    written elsewhere may hold rows no engine serves at this target's context (eyas capture refuses them)."""
+    for sample in samples:
+        n = int(sample["input_ids"].shape[-1])
+        if isinstance(context, int) and n > context:
+            longer.append(n)
+        yield sample
 
 
 def _drafter_and_layers(path, ref: TargetRef, layer_convention: str | None, dtype: torch.dtype):
