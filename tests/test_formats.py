@@ -537,6 +537,10 @@ def test_eagle_flag_top_and_nested_disagree(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FormatError, match="field 'norm_before_fc' is False but 'eagle_config.norm_before_fc' is True"):
         read_checkpoint(path)
+    cfg["norm_before_fc"], cfg["eagle_config"]["norm_before_fc"] = "false", False  # a type, not a disagreement
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="field 'norm_before_fc' is 'false', expected true or false"):
+        read_checkpoint(path)
 
 
 def test_folder_without_config_or_weights(tmp_path):

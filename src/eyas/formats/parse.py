@@ -359,6 +359,8 @@ def parse_eagle(cfg: dict, file: str, n_target: int | None, layer_convention: st
         raise refuse(file, "eagle_config", ec, "an object")
     for norm in NORM_FLAGS:
         top, nested = cfg.get(norm), ec.get(norm)
+        if top is not None and nested is not None:  # each a flag first: "false" is no flag, not a disagreement
+            top, nested = flag(file, norm, top), flag(file, f"eagle_config.{norm}", nested)
         if top is not None and nested is not None and top != nested:
             raise FormatError(
                 f"{file}: field '{norm}' is {show(top)} but 'eagle_config.{norm}' is {show(nested)}",
