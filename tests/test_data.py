@@ -121,7 +121,9 @@ def test_read_json_array_with_line_numbers(tmp_path):
     [
         ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "bad.jsonl line 2: not valid JSON"),
         ("gpt.jsonl", '{"prompt": "ok"}\n\n{"conversations": [{"from": "gpt", "value": "a"}]}\n',
-         "gpt.jsonl line 3: no usable prompt"),
+         "gpt.jsonl line 3: `conversations` holds no human/user turn (roles ['gpt'])"),
+        ("parts.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}\n',
+         "parts.jsonl line 1: the first human/user turn of `messages` is list, not text"),
         ("empty.jsonl", '{"prompt": "   "}\n', "empty.jsonl line 1: `prompt` is blank"),
         ("number.jsonl", '{"prompt": 42}\n', "number.jsonl line 1: `prompt` is int, not text"),
         ("cut.json", '[\n {"prompt": "a"},\n {"prompt": "b"},\n {"prompt": "c', "cut.json line 4: incomplete"),

@@ -217,11 +217,27 @@ def not_unicode(text: str) -> str | None:
 
 
 def _no_prompt(record: Any) -> str:
-    """Why a record gives no prompt, for its error: a `prompt` that is no text or blank is named as such."""
-    if isinstance(record, dict) and "prompt" in record:
-        value = record["prompt"]
-        return f"`prompt` is {'blank' if isinstance(value, str) else type(value).__name__ + ', not text'}"
-    return f"no usable prompt (found {sorted(record) if isinstance(record, dict) else type(record).__name__})"
+    """Why a record gives no prompt, for its error: the field and value at fault where there is one (a
+    `prompt` that is no text, turns without a human one, a human turn whose content is a list of parts)."""
+    if not isinstance(record, dict):
+        return f"the record is {type(record).__name__}, not an object"
+    if "prompt" in record:
+        return f"`prompt` is {_not_text(record['prompt'])}"
+    key = next((k for k in ("conversations", "messages") if k in record), None)
+    if "turns" in record or key is None:
+        return f"no usable prompt (found {sorted(record)})"
+    turns = record[key]
+    if not isinstance(turns, list):
+        return f"`{key}` is {type(turns).__name__}, not a list of turns"
+    human = [t for t in turns if isinstance(t, dict) and t.get("from", t.get("role")) in _HUMAN_ROLES]
+    if not human:
+        roles = [t.get("from", t.get("role")) if isinstance(t, dict) else type(t).__name__ for t in turns]
+        return f"`{key}` holds no human/user turn (roles {roles})"
+    return f"the first human/user turn of `{key}` is {_not_text(human[0].get('value', human[0].get('content')))}"
+
+
+def _not_text(value: Any) -> str:
+    return "blank" if isinstance(value, str) else f"{type(value).__name__}, not text"
 
 
 def _first_human_turn(record: Any) -> str | None:
