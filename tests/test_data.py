@@ -121,7 +121,7 @@ def test_read_json_array_with_line_numbers(tmp_path):
     [
         ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "bad.jsonl line 2: not valid JSON"),
         ("gpt.jsonl", '{"prompt": "ok"}\n\n{"conversations": [{"from": "gpt", "value": "a"}]}\n',
-         "gpt.jsonl line 3: `conversations` holds no human/user turn (roles ['gpt'])"),
+         "gpt.jsonl line 3: `conversations` holds no human/user turn"),
         ("parts.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}\n',
          "parts.jsonl line 1: the first human/user turn of `messages` is list, not text"),
         ("empty.jsonl", '{"prompt": "   "}\n', "empty.jsonl line 1: `prompt` is blank"),
