@@ -142,8 +142,10 @@ def test_a_fresh_run_never_writes_over_another_runs_curves(tmp_path):
     with pytest.raises(EyasError, match=r"already holds a training run \(train_curves.png\)"):
         refuse_old_run(RunFiles.of(tmp_path))
     (tmp_path / "train_curves.png").unlink()
+    (tmp_path / "notes.txt").write_text("mine")  # stays, and takes a run
+    refuse_old_run(RunFiles.of(tmp_path))
     (tmp_path / "config.json").write_text("{}")  # a draft's folder: its weights would sit beside a run's
-    with pytest.raises(EyasError, match=r"holds other files \(config.json\): a run is written into a new or empty"):
+    with pytest.raises(EyasError, match=r"is a draft's or a model's folder \(config.json\): a run is not written"):
         refuse_old_run(RunFiles.of(tmp_path))
 
 
@@ -152,3 +154,13 @@ def test_resume_without_a_run_is_refused_not_started_afresh(target_dir, captured
     with pytest.raises(EyasError, match=r"no training run to resume \(no checkpoint in ") as e:
         train(config(captured, tmp_path / "typo", target_dir, resume=True))
     assert "drop --resume" in e.value.hint and not (tmp_path / "typo").exists()
+
+
+def test_a_full_disk_at_the_first_checkpoint_is_one_line_and_leaves_no_run(target_dir, captured, tmp_path):
+    """torch.save on a full disk (here a file-size limit) was a traceback that left checkpoints/ and the log."""
+    c = config(captured, tmp_path / "run", target_dir, max_steps=1)
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))"
+    run = subprocess.run([sys.executable, "-c", f"{limit}; from eyas.cli import main; raise SystemExit(main())",
+                          "train", *flags(c)], env=env(), capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "step_00000001.pt: cannot write it (" in run.stderr and not (tmp_path / "run").exists()

@@ -74,6 +74,14 @@ def weight_files(folder: Path) -> list[str]:
     return [found.name]
 
 
+def model_files(folder: Path) -> list[str]:
+    """What makes `folder` a model's or a draft's: its config.json and weight files (none: it is neither).
+    Outputs that are folders (a capture, a training run) are not written among them."""
+    if not folder.is_dir():
+        return []
+    return (["config.json"] if (folder / "config.json").is_file() else []) + weight_files(folder)
+
+
 def read_tensors(folder: Path, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of the checkpoint in `folder`, under their raw on-disk names (no renaming).
 

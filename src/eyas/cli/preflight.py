@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -345,23 +344,19 @@ def plot_format(path: str | None) -> None:
                         f"end it in one of {', '.join('.' + k for k in sorted(known))} (or none: PNG)")
 
 
-_CAPTURE_FILES = re.compile(r"manifest\.json|shard_\d+\.safetensors|\..+\.tmp")  # and a killed write's
-
-
 def capture_out(path: str) -> None:
-    """`eyas capture --out`: writable, new or empty or a capture's own folder (resumed, then readable):
-    shards written among a draft's or a run's files would make the folder both, for every reader."""
+    """`eyas capture --out`: writable, a capture's own folder readable (resumed), and not a draft's or a
+    model's folder: shards among its config and weights would make it both, for every reader."""
     from eyas.data.shards import MANIFEST, read_manifest
+    from eyas.weights import model_files
 
     output_folder(path, "--out")
     if (Path(path) / MANIFEST).is_file():
         read_manifest(Path(path))
-    folder = Path(path)
-    other = sorted(p.name for p in folder.iterdir() if not _CAPTURE_FILES.fullmatch(p.name)) if folder.is_dir() else []
-    if other:
-        more = ", ..." if len(other) > 3 else ""
-        raise EyasError(f"{path} (--out) holds other files ({', '.join(other[:3])}{more}): a capture is written into "
-                        "a new or empty folder, or resumes its own", "choose a new --out")
+    model = model_files(Path(path))
+    if model:
+        raise EyasError(f"{path} (--out) is a draft's or a model's folder ({', '.join(model)}): a capture is not "
+                        "written among its files", "choose a new --out")
 
 
 def train_run(args: argparse.Namespace) -> None:

@@ -25,6 +25,7 @@ from eyas.jsonsafe import dumps
 from eyas.target import target_name
 from eyas.train.config import TrainConfig, data_folders
 from eyas.train.heldout import EVAL_DEPTH
+from eyas.weights import model_files
 
 STATE_FORMAT = "eyas-train-state"
 # Fields a resumed run may change: they do not affect the weights it produces.
@@ -51,17 +52,16 @@ class RunFiles:
 
 
 def refuse_old_run(files: RunFiles) -> None:
-    """A fresh run never writes over another run's files, nor among anything else's (a draft folder
-    would hold a run's checkpoints beside its own weights): its --out is new or empty."""
+    """A fresh run never writes over another run's files, nor into a draft's or a model's folder (its
+    checkpoints and draft/ would sit beside their weights); other files there stay as they are."""
     found = [p.name for p in (files.checkpoints, files.draft, files.log, files.curves) if p.exists()]
     if found:
         raise EyasError(f"{files.out} already holds a training run ({', '.join(found)})",
                         "pass --resume to continue it, or choose a new --out")
-    other = sorted(p.name for p in files.out.iterdir()) if files.out.is_dir() else []
-    if other:
-        more = ", ..." if len(other) > 3 else ""
-        raise EyasError(f"{files.out} (--out) holds other files ({', '.join(other[:3])}{more}): a run is written "
-                        "into a new or empty folder", "choose a new --out")
+    model = model_files(files.out)
+    if model:
+        raise EyasError(f"{files.out} (--out) is a draft's or a model's folder ({', '.join(model)}): a run is not "
+                        "written among its files", "choose a new --out (the run's draft is written to OUT/draft)")
 
 
 def resumable(files: RunFiles) -> Path:

@@ -116,6 +116,10 @@ class _Run:
                 self.build_optimiser()
                 self.step_loop()
                 return self.export() if self.main else None
+        except EyasError:  # a full disk at the first checkpoint: nothing to resume, the folder as it was
+            if self.main and getattr(self, "good_checkpoint", None) is None and hasattr(self, "made"):
+                forget_run(self.files, self.made)
+            raise
         finally:
             # the guard holds self.resume_note: broken, this cycle no longer keeps the run, and the DDP
             # wrapper that holds the process group, alive until a later garbage collection (train())
