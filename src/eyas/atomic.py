@@ -111,7 +111,7 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def write_figure(path: str | Path, figure: Any, dpi: int) -> Path:
     """A matplotlib figure in the format its suffix names (none: PNG), as `savefig(path)` infers it,
-    written atomically (`--plot` checks the suffix first: eyas.cli.preflight.plot_format)."""
+    written atomically (`--plot` checks the suffix first: eyas.cli.outputs.plot_format)."""
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
     return write_atomic(path, lambda f: figure.savefig(f, format=fmt, dpi=dpi))
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from eyas.cli.outputs import apart, capture_out, draft_folder, output_file, output_folder, plot_format
 from eyas.errors import EyasError, FormatError
 
 # --- flags ------------------------------------------------------------------------------------------
@@ -212,151 +212,11 @@ def _format_without_data(data_format: str | None, flag: str) -> None:
                         f"pass {flag} CACHE_FOLDER, or leave --data-format out")
 
 
-# --- places written -----------------------------------------------------------------------------------
-
-
-def _writable_above(path: Path, flag: str) -> None:
-    """The nearest existing folder above `path` can take new entries."""
-    above = path.absolute().parent
-    while not above.exists():
-        above = above.parent
-    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
-        raise EyasError(f"{path}: cannot write into {above} ({flag})", f"choose a {flag} where you can write")
-
-
-def output_folder(path: str | Path | None, flag: str) -> None:
-    """A folder to write: absent (made later) or a folder, in a place that can be written."""
-    if path is None:
-        return
-    if str(path) == "":
-        raise EyasError(f"{flag} is an empty path", f"give {flag} a folder path ('.' for this one)")
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise EyasError(f"{path} is a file, not a folder ({flag})", f"give {flag} a folder path")
-    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-        raise EyasError(f"{path}: cannot write into it ({flag})", f"choose a {flag} where you can write")
-    _writable_above(path, flag)
-
-
 def verifier_name(name: str | None) -> None:
     """`convert` / `init --verifier-name`: an id engines can load (vLLM serves the draft's recorded verifier)."""
     if name is not None and not name.strip():
         raise EyasError("--verifier-name is empty", "give the target's hub id, e.g. --verifier-name "
                         "HuggingFaceTB/SmolLM2-135M-Instruct, or leave the flag out to keep the recorded one")
-
-
-def draft_folder(path: str, force: bool, target: str | None) -> None:
-    """A DST a draft is written to: a writable folder apart from the target, new or empty, or a draft
-    that --force replaces."""
-    from eyas.formats.write import check_destination
-
-    output_folder(path, "DST")
-    apart(path, "DST", {"--target": target}, holds=True)
-    check_destination(path, force)
-
-
-def output_file(path: str | Path | None, flag: str) -> None:
-    """A file to write (atomically, beside itself): its folder exists and can be written."""
-    if path is None:
-        return
-    if str(path) == "":
-        raise EyasError(f"{flag} is an empty path", f"give {flag} a file path")
-    path = Path(path)
-    if path.is_dir():
-        raise EyasError(f"{path} is a folder ({flag})", f"give {flag} a file path")
-    if not path.absolute().parent.is_dir():
-        raise EyasError(f"{path}: the folder {path.absolute().parent} does not exist ({flag})",
-                        "create it first, or choose another path")
-    _writable_above(path, flag)
-
-
-def _region(path: str | Path) -> Path:
-    """What writing into `path` could change: a file, or the model folder a config file stands for."""
-    from eyas.weights import find_weights
-
-    path = Path(path).resolve()
-    return path.parent if path.is_file() and find_weights(path.parent) is not None else path
-
-
-def _on_disk(name: str, given: str | Path | None, target: str | Path | None) -> str | Path | None:
-    """Where an input named by default lives: the embedded default target's cache folder, the shipped
-    draft's folder (a DRAFTER or --against left out, or "default"); any other input as given."""
-    from eyas.drafter_loading import shipped_draft
-    from eyas.embedded import EMBEDDED_DIR, EMBEDDED_NAME, cache_dir, is_default
-
-    if name == "--target" and is_default(given):
-        return cache_dir() / EMBEDDED_DIR
-    if name in ("DRAFTER", "--against") and given in (None, "default"):
-        return shipped_draft(EMBEDDED_NAME) if is_default(target) else None
-    return given
-
-
-_LISTED = ("--data", "--features")  # inputs read by listing their folder: a feature cache
-
-
-def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None], *, holds: bool = False,
-          resumes: bool = False) -> None:
-    """An output is none of the verb's inputs, nor anything already inside one (a plot over the draft's
-    weights, a capture into the target's folder); with `holds` (a folder --force replaces) it holds
-    none either. A new file or folder beside an input's files changes none of them, except in a
-    feature cache (`_LISTED`), whose reader takes what it finds there (a plot named data_9.ckpt
-    became a SpecForge sample): no output lands in one, the verb's input or not (`_in_a_cache`)."""
-    if out is None:
-        return
-    o = Path(out).resolve()
-    for name, given in inputs.items():
-        given = _on_disk(name, given, inputs.get("--target"))
-        if given is None or not Path(given).exists():  # a named prompt set
-            continue
-        i = _region(given)
-        listed = name.split()[0] in _LISTED and i.is_dir()
-        how = ("is" if o == i else "is already inside" if i in o.parents and o.exists()
-               else "is inside" if i in o.parents and listed else "holds" if holds and o in i.parents else None)
-        if how is not None:
-            raise EyasError(f"{out} ({flag}) {how} {given} ({name}): writing it would change an input",
-                            f"choose a {flag} outside the verb's inputs")
-    _in_a_cache(o, out, flag, resumes)
-
-
-def _in_a_cache(o: Path, out: str | Path, flag: str, resumes: bool) -> None:
-    """Refuse an output inside a feature cache, or one that is a cache (but an eyas capture that
-    `resumes` into its own folder): its reader would take the output for samples, or trip on it."""
-    from eyas.data.caches.detect import marked_cache
-    from eyas.data.caches.native import SHARDS
-
-    for folder in [o, *o.parents]:
-        fmt = marked_cache(folder)
-        if fmt is not None and not (resumes and folder == o and fmt == SHARDS):
-            how = "is" if folder == o else "is inside"
-            raise EyasError(f"{out} ({flag}) {how} the {fmt} feature cache {folder}: outputs stay out of feature "
-                            "caches, which their readers list", f"choose a {flag} outside every feature cache")
-
-
-def plot_format(path: str | None) -> None:
-    """`--plot`: a suffix matplotlib writes (none: PNG), checked before the measurement runs."""
-    if path is None or not Path(path).suffix:
-        return
-    from matplotlib.figure import Figure
-
-    known = Figure().canvas.get_supported_filetypes()
-    if Path(path).suffix.lstrip(".").lower() not in known:
-        raise EyasError(f"--plot {path}: matplotlib writes no {Path(path).suffix} files",
-                        f"end it in one of {', '.join('.' + k for k in sorted(known))} (or none: PNG)")
-
-
-def capture_out(path: str) -> None:
-    """`eyas capture --out`: writable, a capture's own folder readable (resumed), and not a draft's or a
-    model's folder: shards among its config and weights would make it both, for every reader."""
-    from eyas.data.shards import MANIFEST, read_manifest
-    from eyas.weights import model_files
-
-    output_folder(path, "--out")
-    if (Path(path) / MANIFEST).is_file():
-        read_manifest(Path(path))
-    model = model_files(Path(path))
-    if model:
-        raise EyasError(f"{path} (--out) is a draft's or a model's folder ({', '.join(model)}): a capture is not "
-                        "written among its files", "choose a new --out")
 
 
 def train_run(args: argparse.Namespace) -> None:

@@ -167,7 +167,7 @@ def _peek_pt(path: Path) -> str | None:
 
 def marked_cache(folder: Path) -> str | None:
     """The format of the feature cache `folder` is, by its markers one listing deep (`_marks`), or None.
-    Every folder above an output is asked (`eyas.cli.preflight.apart`), so nothing is walked, and a
+    Every folder above an output is asked (`eyas.cli.outputs.apart`), so nothing is walked, and a
     manifest.json, state.json, last.ckpt or *.pt of anything else is no cache."""
     if not folder.is_dir():
         return None
