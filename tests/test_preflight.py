@@ -244,7 +244,8 @@ def test_a_capture_is_not_written_among_a_drafts_files(world, tmp_path, capsys, 
     shutil.copytree(world["draft"], tmp_path / "draft")
     before = sorted(p.name for p in (tmp_path / "draft").iterdir())
     refused(capsys, ["capture", "--prompts", str(world["prompts"]), "--out", str(tmp_path / "draft"), "--target",
-                     str(world["target"])], "is a draft's or a model's folder (config.json, model.safetensors)")
+                     str(world["target"])],
+            "is a draft's, a model's or a training run's folder (config.json, model.safetensors)")
     assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == before
 
 

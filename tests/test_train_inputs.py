@@ -20,7 +20,7 @@ from eyas.errors import EyasError
 from eyas.formats import read_checkpoint
 from eyas.target import Target, target_config
 from eyas.train import plan_epoch, train
-from eyas.train.checkpoint import RunFiles, refuse_old_run
+from eyas.train.checkpoint import RunFiles, refuse_old_run, resumable
 from eyas.train.dataset import load_training_data
 from test_train import LAYERS, config, env, flags, log_records, prompts
 from test_train import target_dir  # noqa: F401 (module fixture: the tiny chat target)
@@ -164,3 +164,17 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_line_and_leaves_no_run(targe
                           "train", *flags(c)], env=env(), capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert "step_00000001.pt: cannot write it (" in run.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over_and_cannot_be_resumed(tmp_path):
+    """kill -9 before step 1's checkpoint leaves an empty checkpoints/ and a log: nothing to resume, so a
+    fresh run takes the folder (each refusal's hint used to point at the other)."""
+    files = RunFiles.of(tmp_path)
+    files.checkpoints.mkdir()
+    files.log.write_text('{"kind": "train", "step": 1}\n')
+    refuse_old_run(files)
+    with pytest.raises(EyasError, match="no training run to resume"):
+        resumable(files)
+    (files.checkpoints / "step_00000001.pt").write_bytes(b"")
+    with pytest.raises(EyasError, match=r"already holds a training run \(checkpoints\)"):
+        refuse_old_run(files)

@@ -133,15 +133,18 @@ def plot_format(path: str | None) -> None:
 
 
 def capture_out(path: str) -> None:
-    """`eyas capture --out`: writable, a capture's own folder readable (resumed), and not a draft's or a
-    model's folder: shards among its config and weights would make it both, for every reader."""
+    """`eyas capture --out`: writable, a capture's own folder readable (resumed), and not a draft's, a
+    model's or a training run's folder: shards among its files would make it both, for every reader (a
+    run whose folder is a feature cache can no longer be resumed: its outputs would land in a cache)."""
     from eyas.data.shards import MANIFEST, read_manifest
+    from eyas.train.checkpoint import RunFiles
     from eyas.weights import model_files
 
     output_folder(path, "--out")
     if (Path(path) / MANIFEST).is_file():
         read_manifest(Path(path))
-    model = model_files(Path(path))
-    if model:
-        raise EyasError(f"{path} (--out) is a draft's or a model's folder ({', '.join(model)}): a capture is not "
-                        "written among its files", "choose a new --out")
+    run = RunFiles.of(path)
+    held = model_files(Path(path)) + [p.name for p in (run.checkpoints, run.draft, run.log) if p.exists()]
+    if held:
+        raise EyasError(f"{path} (--out) is a draft's, a model's or a training run's folder ({', '.join(held)}): a "
+                        "capture is not written among its files", "choose a new --out")

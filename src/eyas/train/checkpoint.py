@@ -53,8 +53,11 @@ class RunFiles:
 
 def refuse_old_run(files: RunFiles) -> None:
     """A fresh run never writes over another run's files, nor into a draft's or a model's folder (its
-    checkpoints and draft/ would sit beside their weights); other files there stay as they are."""
-    found = [p.name for p in (files.checkpoints, files.draft, files.log, files.curves) if p.exists()]
+    checkpoints and draft/ would sit beside their weights); other files there stay as they are. A run
+    killed before its first checkpoint (its log, an empty checkpoints/) left nothing to resume: a fresh
+    run starts over it (`prepare` drops the log), where --resume is refused (`resumable`)."""
+    saved = ["checkpoints"] if latest_checkpoint(files.checkpoints) is not None else []
+    found = saved + [p.name for p in (files.draft, files.curves) if p.exists()]
     if found:
         raise EyasError(f"{files.out} already holds a training run ({', '.join(found)})",
                         "pass --resume to continue it, or choose a new --out")

@@ -129,8 +129,11 @@ class _Run:
         """What an interrupted run left, and how to resume it."""
         files = getattr(self, "files", None)
         found = latest_checkpoint(files.checkpoints) if files else None
-        at = f"checkpoint {found.name}" if found else "the start (no checkpoint was written yet)"
-        return f"{self.config.out} resumes from {at}: rerun the same `eyas train` command with --resume"
+        if found is None:
+            return (f"{self.config.out} holds no checkpoint yet: rerun the same `eyas train` command (without "
+                    "--resume) to start again")
+        return (f"{self.config.out} resumes from checkpoint {found.name}: rerun the same `eyas train` command with "
+                "--resume")
 
     def stop_here(self) -> None:
         """A signal was held during the step just finished: save this step (rank 0), then stop."""
