@@ -130,8 +130,23 @@ def test_weights_that_fit_the_other_file_are_refused_naming_the_disagreement(two
     capsys.readouterr()
     assert main(["inspect", str(two_files)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: config.json and config_speculators.json disagree on vocab_size") and "; and so " in err
+    assert err.startswith("error: config.json and config_speculators.json disagree on vocab_size")
+    assert "; and so " in err
     assert "hint: fix the wrong file, or delete it" in err
+
+
+def test_weights_that_fit_neither_file_are_not_blamed_on_an_unrelated_disagreement(two_files, capsys):
+    spec = json.loads((two_files / "config_speculators.json").read_text())
+    flat = json.loads((two_files / "config.json").read_text())
+    spec["transformer_layer_config"]["intermediate_size"] += 1
+    flat["intermediate_size"] += 1  # the files agree on the wrong size
+    flat["rms_norm_eps"] = 1e-3  # and disagree on something else
+    (two_files / "config_speculators.json").write_text(json.dumps(spec))
+    (two_files / "config.json").write_text(json.dumps(flat))
+    capsys.readouterr()
+    assert main(["inspect", str(two_files)]) == 2
+    err = capsys.readouterr().err
+    assert "mlp.gate_proj.weight" in err and "config files" not in err and "disagree on" not in err, err
 
 
 def test_check_on_unreadable_weights_exits_2(tmp_path, capsys):

@@ -69,17 +69,30 @@ class Checkpoint:
         return [f for f in self.problems + self.warnings if f["code"].startswith("config_files_disagree")]
 
 
+# the weight problems a disagreement of the config files can cause: the file read may be the wrong one
+_EXPLAINS = {
+    "config_files_disagree_dims": {"layers_missing", "layers_extra", "tensor_missing", "tensor_shape", "fc_shape",
+                                   "lm_head_shape", "embed_tokens_shape", "feature_norm_shape"},
+    "config_files_disagree_vocab": {"vocab_map_missing", "vocab_map_shape", "d2t_out_of_range", "t2d_count",
+                                    "lm_head_shape", "embed_tokens_shape"},
+    "config_files_disagree_capture_layers": {"fc_chunks", "fc_shape"},
+    "config_files_disagree_norm_flags": {"flag_tensor_missing", "flag_tensor_unexpected", "feature_norm_missing",
+                                         "feature_norm_unexpected"},
+}
+
+
 class _Issues:
     """Problems that make a checkpoint unusable: raised at once (strict) or collected (for `eyas check`).
-    Where the config files disagree in a way that changes the draft (`cause`), the error names that first:
-    weights that fit the other file are the disagreement's symptom, and its fix is the one to make."""
+    Where the config files disagree on what a failing check reads (`disagree`), the error names that
+    first: weights that fit the other file are the disagreement's symptom, and its fix is the one to make."""
 
-    def __init__(self, strict: bool, cause: dict[str, str] | None = None):
-        self.strict, self.problems, self.cause = strict, [], cause
+    def __init__(self, strict: bool, disagree: list[dict[str, str]] = ()):
+        self.strict, self.problems, self.disagree = strict, [], disagree
 
     def add(self, err: type[EyasError], problem: dict[str, str]) -> None:
-        if self.strict and self.cause is not None:
-            raise err(f"{text_of(self.cause)}; and so {problem['problem']}", self.cause["fix"])
+        cause = next((d for d in self.disagree if problem["code"] in _EXPLAINS.get(d["code"], ())), None)
+        if self.strict and cause is not None:
+            raise err(f"{text_of(cause)}; and so {problem['problem']}", cause["fix"])
         if self.strict:
             raise err(problem["problem"], problem["fix"])
         self.problems.append(problem)
@@ -107,7 +120,7 @@ def read_checkpoint(
     parsed, files, configs = _parse_files(path, facts.get("num_hidden_layers"), layer_convention)
     used, why = choose_config(files)
     disagree = disagreements(parsed, used, layer_convention)
-    issues = _Issues(strict, next((d for d in disagree if "problem" in d), None))
+    issues = _Issues(strict, [d for d in disagree if "problem" in d])
     p = parsed[used]
     origin = dict(p.origin)
     warnings = [w for q in parsed.values() for w in q.warnings] + [d for d in disagree if "warning" in d]
