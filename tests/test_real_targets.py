@@ -102,7 +102,8 @@ def test_verbs_that_answer_prompts_refuse_a_head_only_target_before_loading(shar
         for shard in wanted:
             shutil.copy(folder / shard, head / shard)
     else:
-        tensors = TargetRef.resolve(folder).tensors(["model.norm.weight", "lm_head.weight", "model.embed_tokens.weight"])
+        names = ["model.norm.weight", "lm_head.weight", "model.embed_tokens.weight"]
+        tensors = TargetRef.resolve(folder).tensors(names)
         save_file(tensors, str(head / "model.safetensors"))
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\nhow are you\n")
@@ -338,6 +339,21 @@ def test_doctor_blames_a_cache_with_another_count_of_states_not_the_config(plain
     (f,) = json.loads(capsys.readouterr().out)["findings"]
     assert f["title"].startswith("the feature cache stores 4 states per position") and "engine" not in f["title"]
     assert f["fix"].startswith("capture the cache again at capture layers [1, 2, 3]") and "set " not in f["fix"]
+
+
+def test_doctor_refuses_a_cache_with_fewer_states_than_the_draft_reads_naming_it(plain, tmp_path, capsys):
+    """fc cannot run on it: refused before measuring, naming the cache (fc's own error named neither)."""
+    import cache_writers
+
+    folder, shards, rows, _ = plain
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "0,1,2,3"]) == 0
+    cache = tmp_path / "cache"
+    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=[0, 1, 2])
+    capsys.readouterr()
+    assert main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {cache}: 3 captured layers per position") and "reads 4" in err, err
 
 
 def test_doctor_names_no_wiring_an_untrained_draft_leans_to(plain, tmp_path):

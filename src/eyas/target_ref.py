@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -224,8 +225,9 @@ class TargetRef:
         if absent:
             more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
             return f"{self.folder} lacks {absent[0]}{more}, named by its weight index"
-        names, last = self.tensor_names(), f"layers.{self.num_layers - 1}."
-        if not any(last in n for n in names):
+        names = self.tensor_names()  # the language model's last layer (a vision tower's has other parents)
+        last = re.compile(rf"(^|model\.)layers\.{self.num_layers - 1}\.")
+        if not any(last.search(n) for n in names):
             return f"the weights in {self.folder} hold {len(names)} tensors and no decoder layer {self.num_layers - 1}"
         return None
 
@@ -249,7 +251,10 @@ def _tensor_names(folder: Path) -> set[str]:
     if found.suffix == ".safetensors":
         with safe_open(str(found), "pt") as f:
             return set(f.keys())
-    return set(read_tensors(folder))
+    try:  # mapped, not read: a 16 GB pickle is loaded once, by the model, not for its names too
+        return set(torch.load(found, map_location="cpu", weights_only=True, mmap=True))
+    except RuntimeError:  # the legacy (non-zip) format cannot be mapped
+        return set(read_tensors(folder))
 
 
 def _resolve_path(spec: str | Path | None, *, weights: bool, needed_by: str) -> Path:

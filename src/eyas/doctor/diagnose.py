@@ -18,6 +18,7 @@ from torch import Tensor
 from eyas.check import CheckReport, check_checkpoint, consumers
 from eyas.codes import slug_of, text_of
 from eyas.contract import DEFAULT_ROPE_THETA
+from eyas.evaluate import check_slots
 from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, layers_found, measure_on_cache, \
     open_for
 from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, collect, collect_from
@@ -271,6 +272,8 @@ def diagnose(
     missing = None if capture is not None else ref.missing_model()
     at_hand = missing is None
     dump, feed = _features(features, data_format, ref, report, final.layers, path, at_hand, max_new_tokens)
+    if feed is not None and feed.cache.info.num_slots < ckpt.contract.num_aux_layers:  # fc cannot run on it
+        check_slots(feed.cache.info, ckpt.contract.num_aux_layers, path, ckpt.contract.capture_layers)
     cannot = _cannot_measure(rep, ckpt, tcfg)
     why_not = cannot or (None if at_hand else f"the target's weights are not all in {ref.folder} ({missing})")
     if why_not:

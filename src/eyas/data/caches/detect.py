@@ -153,7 +153,10 @@ def _marks(folder: Path, names: list[str]) -> list[str]:
 def _peek_pt(path: Path) -> str | None:
     """The format the keys of a `*.pt` name (ModelOpt's or legacy speculators'), or None for any other
     file. Only its pickle is read, its tensors mapped, not loaded, nor their checksums verified: every
-    folder above an output is asked, and one may hold a model's checkpoint of many gigabytes."""
+    folder above an output is asked, and one may hold a model's checkpoint of many gigabytes (or a FIFO,
+    which would block: only regular files are opened)."""
+    if not path.is_file():
+        return None
     try:
         record = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
     except Exception:  # not a file, not torch's zip format, not a plain dict of tensors: no sample
