@@ -250,7 +250,8 @@ def test_check_warns_where_an_engine_reading_the_format_refuses_the_draft(tmp_pa
     rep = check_checkpoint(tmp_path / "four")
     (w,) = [w for w in rep.warnings if w["code"] == "consumer_cannot_load"]
     assert text_of(w).startswith("vllm: cannot load config.json: sizes fc for 3 chunks") and rep.ok
-    assert w["field"] == "num_aux_hidden_states"
+    assert w["field"] == "transformer_layer_config.num_aux_hidden_states"
+    assert 'write "num_aux_hidden_states": 4' in text_of(w)
 
 
 def test_init_says_which_engine_will_not_load_what_it_wrote(tmp_path, capsys):

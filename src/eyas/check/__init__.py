@@ -10,7 +10,7 @@ The tensor and vocab-map rules are eyas.formats.validate's; every finding carrie
 """
 
 from eyas.check.consumers import ENGINE_CONFIG, consumer_warnings, consumers
-from eyas.check.report import CheckReport, check_checkpoint
+from eyas.check.report import CheckReport, check_checkpoint, draft_warnings
 from eyas.check.rules import contract_problems, target_problems
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "consumer_warnings",
     "consumers",
     "contract_problems",
+    "draft_warnings",
     "target_problems",
 ]

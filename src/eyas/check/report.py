@@ -29,6 +29,12 @@ class CheckReport:
         return not self.problems
 
 
+def draft_warnings(ckpt: Checkpoint, cons: dict[str, dict[str, Any]] | None = None) -> list[dict[str, str]]:
+    """The warnings on a draft alone, as read (no target): what `check` says beside its problems, and
+    what `inspect` lists and `init` prints for the draft it wrote (`cons`: consumers(ckpt), if at hand)."""
+    return ckpt.warnings + contract_problems(ckpt)[1] + consumer_warnings(cons or consumers(ckpt))
+
+
 def check_checkpoint(
     path: str | Path, *, target: str | Path | None = None, layer_convention: str | None = None
 ) -> CheckReport:
@@ -45,10 +51,8 @@ def check_checkpoint(
     if tgt_cfg is not None:
         target_facts(tgt_cfg, f"target {target}")  # its sizes refused in one line before the draft is read
     ckpt = read_checkpoint(path, layer_convention=layer_convention, verifier_config=tgt_cfg, strict=False)
-    report = CheckReport(path=Path(path), checkpoint=ckpt, problems=list(ckpt.problems), warnings=list(ckpt.warnings))
-    problems, warnings = contract_problems(ckpt)
-    report.problems += problems
-    report.warnings += warnings
+    report = CheckReport(path=Path(path), checkpoint=ckpt, problems=list(ckpt.problems) + contract_problems(ckpt)[0],
+                         warnings=draft_warnings(ckpt))
     if tgt_cfg is not None:
         report.target = target_facts(tgt_cfg)
         report.problems += target_problems(ckpt.contract, report.target)
@@ -61,5 +65,4 @@ def check_checkpoint(
                 "pass --target DIR_OR_CONFIG (or --target default for the embedded target)",
             )
         )
-    report.warnings += consumer_warnings(consumers(ckpt))
     return report

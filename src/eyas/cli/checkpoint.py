@@ -54,7 +54,7 @@ def tensor_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
 
 def inspect_report(ckpt: Checkpoint) -> dict[str, Any]:
     """Everything `eyas inspect --json` prints."""
-    from eyas.check import consumer_warnings, consumers, contract_problems
+    from eyas.check import consumers, draft_warnings
 
     cons = consumers(ckpt)
     return {
@@ -67,7 +67,7 @@ def inspect_report(ckpt: Checkpoint) -> dict[str, Any]:
         "tensors": tensor_summary(ckpt),
         "consumers": cons,
         "disagreements": ckpt.disagreements,
-        "warnings": ckpt.warnings + contract_problems(ckpt)[1] + consumer_warnings(cons),  # check's, but a target's
+        "warnings": draft_warnings(ckpt, cons),  # check's, but a target's
     }
 
 
@@ -285,7 +285,7 @@ def _unnamed_verifier(written: Checkpoint, fmt: str) -> list[dict[str, str]]:
 
 def cmd_init(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
-    from eyas.check import consumer_warnings, consumers
+    from eyas.check import draft_warnings
     from eyas.contract import contract_for_target
     from eyas.drafter import Drafter
     from eyas.formats import read_checkpoint, write_checkpoint
@@ -296,7 +296,7 @@ def cmd_init(args: argparse.Namespace) -> int:
                                    name=args.verifier_name or target_name(target))
     drafter = Drafter(contract, embed_tokens=load_target_embeddings(target)).init_weights(args.seed)
     path = write_checkpoint(args.dst, contract, drafter.state_dict(), args.format, force=args.force)
-    warnings = consumer_warnings(consumers(read_checkpoint(path)))  # an engine that will not load it, say
+    warnings = draft_warnings(read_checkpoint(path))  # as check says them: an engine that will not load it, ...
     if args.json:
         print_json({"path": str(path), "format": args.format, "contract": contract.to_dict(), "warnings": warnings})
     else:
