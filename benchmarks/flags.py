@@ -69,13 +69,17 @@ def emit(report: dict[str, Any]) -> None:
 
 
 def run(main: Callable[[], int | None]) -> int:
-    """`main()`'s exit code; input eyas refuses is its `error:` and `hint:` lines and exit 2, no traceback."""
+    """`main()`'s exit code; input eyas refuses is its `error:` and `hint:` lines and exit 2, no traceback,
+    and so is a file the script cannot open (a log or a prompt file that is not there)."""
     try:
         return main() or 0
     except EyasError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 

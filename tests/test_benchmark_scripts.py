@@ -36,6 +36,7 @@ def test_each_script_imports_and_lists_its_flags(script):
     ("bench_linears.py", ["--sizes", "1,x"], "--sizes: 'x' is not a whole number"),
     ("bench_answers.py", ["--temperature", "nan"], "--temperature: nan: must be a finite number >= 0"),
     ("bench_real_sizes.py", ["--device", "banana"], "--device: --device 'banana' is not a device"),
+    ("learning_curve.py", ["/no/such/train_log.jsonl", "--out", "x.png"], "error: /no/such/train_log.jsonl: No such"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(script, argv, says):
     out = _run(script, *argv)
