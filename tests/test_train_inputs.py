@@ -134,6 +134,20 @@ def test_a_max_len_that_cuts_off_every_answer_says_so(target_dir, captured, tmp_
         load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest - 1))
 
 
+
+def test_samples_a_max_len_leaves_out_are_said(target_dir, captured, tmp_path):
+    from eyas.data import open_shards
+
+    starts = sorted(2 + int(s["loss_mask"][2:].nonzero()[0]) for s in open_shards(captured))
+    assert starts[0] < starts[-1]  # prompts of different lengths
+    cut = starts[-1] - 1
+    left = sum(start > cut for start in starts)
+    with pytest.warns(UserWarning, match=rf"{left} of 6 samples left out: their answers start past --max-len {cut} "
+                                         rf"\(the latest at token {starts[-1]}; --max-len {starts[-1]} keeps them all"):
+        data = load_training_data(config(captured, tmp_path / "run", target_dir, max_len=cut))
+    assert data.data_id["samples"] == 6 - left
+
+
 def test_a_fresh_run_never_writes_over_another_runs_curves(tmp_path):
     """train_curves.png is a run's file like its log: a fresh run into its folder is refused, not let
     replace it."""

@@ -7,6 +7,7 @@ draft here, once; held-out samples stay unshifted (`eyas.evaluate` shifts them i
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +75,9 @@ def load_samples(data: CapturedData, max_len: int) -> list[dict[str, Tensor]]:
     """Unshifted samples cut to max_len + 1 tokens (max_len draft positions), with an answer left.
 
     None left is refused, saying whether the data has no answers or --max-len cut them all off (and
-    the --max-len that keeps the earliest answer)."""
-    samples, earliest = [], None
+    the --max-len that keeps the earliest answer); some cut off are said (the --max-len that keeps them
+    all): long first turns of real chats were dropped from training unsaid."""
+    samples, earliest, dropped = [], None, []
     for s in data:
         answer = s["loss_mask"][2:].nonzero()  # draft labels x_{t+2} inside the answer
         if not len(answer):
@@ -84,6 +86,12 @@ def load_samples(data: CapturedData, max_len: int) -> list[dict[str, Tensor]]:
         earliest = first if earliest is None else min(earliest, first)
         if first <= max_len:
             samples.append({k: s[k][: max_len + 1] for k in ("input_ids", "loss_mask", "features", "last_hidden")})
+        else:
+            dropped.append(first)
+    if samples and dropped:
+        warnings.warn(f"{data.folder}: {len(dropped)} of {len(samples) + len(dropped)} samples left out: their "
+                      f"answers start past --max-len {max_len} (the latest at token {max(dropped)}; --max-len "
+                      f"{max(dropped)} keeps them all)", stacklevel=2)
     if earliest is None:
         raise EyasError(f"{data.folder}: no sample has answer tokens to train on",
                         "capture data with responses (eyas capture)")
