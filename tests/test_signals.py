@@ -130,9 +130,11 @@ def test_any_verb_stopped_mid_write_leaves_nothing_and_says_so_in_one_line(sig, 
         os.kill(os.getpid(), sig)  # the handler raises here, inside the temp folder's block
 
     monkeypatch.setattr(write_module, "write_tensors", signalled)
-    code = main(["convert", str(src), str(tmp_path / "dst"), "--format", "speculators"])
-    err = capsys.readouterr().err
+    code = main(["convert", str(src), str(tmp_path / "dst"), "--format", "speculators", "--json"])
+    out, err = capsys.readouterr()
     assert code == 128 + sig and "Traceback" not in err
+    assert json.loads(out) == {"interrupted": signal.Signals(sig).name, "exit_code": code,  # one object on stdout
+                               "note": err.splitlines()[-1]}
     assert [line for line in err.splitlines() if line.startswith("interrupted by")] == [
         f"interrupted by {signal.Signals(sig).name}: stopped before the end; files are written whole or not at all, "
         "so none was left half-written"]

@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:  # SIGINT / SIGTERM: what was kept (capture, train: how to resume)
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank is told; rank 0 says it once
             print(e, file=sys.stderr)
+            if getattr(args, "json", False):  # a reader of stdout gets one JSON object on every exit
+                print_json({"interrupted": signal.Signals(e.signum).name, "note": str(e), "exit_code": e.exit_code})
         return e.exit_code
     except BrokenPipeError:  # the reader of stdout left (`eyas inspect | head`): stop quietly, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
