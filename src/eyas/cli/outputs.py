@@ -143,8 +143,8 @@ def capture_out(path: str) -> None:
     output_folder(path, "--out")
     if (Path(path) / MANIFEST).is_file():
         read_manifest(Path(path))
-    run = RunFiles.of(path)
-    held = model_files(Path(path)) + [p.name for p in (run.checkpoints, run.draft, run.log) if p.exists()]
+    runs = (RunFiles.of(path), RunFiles.of(Path(path).absolute().parent))  # a run, or a folder of one
+    held = model_files(Path(path)) + [str(p) for run in runs for p in (run.checkpoints, run.log) if p.exists()]
     if held:
         raise EyasError(f"{path} (--out) is a draft's, a model's or a training run's folder ({', '.join(held)}): a "
                         "capture is not written among its files", "choose a new --out")
