@@ -247,6 +247,10 @@ def test_a_capture_is_not_written_among_a_drafts_files(world, tmp_path, capsys, 
                      str(world["target"])],
             "is a draft's, a model's or a training run's folder (config.json, model.safetensors)")
     assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == before
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "train_log.jsonl").write_text("")
+    refused(capsys, ["capture", "--prompts", str(world["prompts"]), "--out", str(tmp_path / "run" / "checkpoints"),
+                     "--target", str(world["target"])], "a training run's folder")
 
 
 def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
