@@ -192,6 +192,7 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["generate", "--prompt", "hi", "--draft-tokens", "4", "--tree", "3,2,4"], "--draft-tokens 4 and --tree 3,2,4"),
     (["bench", "--plot", "OUT.txt"], "matplotlib writes no .txt files"),
     (["eval", "--plot", "OUT.txt"], "matplotlib writes no .txt files"),
+    (["eval", "--plot", "/proc/x.png"], "cannot write into /proc"),  # os.access says yes to root
     (["bench", "--prompts", "copy,"], "prompts 'copy,': an empty name (a comma too many?)"),
     (["generate", "--prompt", "hi", "--draft-tokens", "100000000"], "--draft-tokens 100000000: not below the "
                                                                      "target's context of 64 tokens"),
@@ -229,6 +230,12 @@ def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path
     refused(capsys, ["train", "--data", broken, "--out", tmp_path / "run", "--target", t, "--epochs", "0"],
             "epochs=0")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_cache_format_named_for_a_dump_file_is_refused(world, tmp_path, capsys, no_loading):
+    (tmp_path / "dump.safetensors").write_bytes(b"x")
+    refused(capsys, ["doctor", str(world["draft"]), "--features", str(tmp_path / "dump.safetensors"), "--data-format",
+                     "specforge", "--target", str(world["target"])], "--data-format specforge reads a feature cache")
 
 
 def test_train_data_that_is_a_file_is_named_a_file(world, tmp_path, capsys, no_loading):

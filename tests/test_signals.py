@@ -155,6 +155,10 @@ def test_a_signal_while_the_cli_imports_is_one_line_too(sig, capsys, monkeypatch
     assert e.value.code == 128 + sig
     assert capsys.readouterr().err == (f"interrupted by {signal.Signals(sig).name}: stopped before the command began; "
                                        "nothing was written\n")
+    monkeypatch.setattr(sys, "argv", ["eyas", "generate", "--json"])  # --json: one object on stdout too
+    with pytest.raises(SystemExit):
+        _before_the_cli(sig, None)
+    assert json.loads(capsys.readouterr().out)["exit_code"] == 128 + sig
     before = signal.getsignal(sig)
     seen = []
     monkeypatch.setattr(eyas.cli, "main", lambda: seen.append(signal.getsignal(sig)) or 0)

@@ -10,8 +10,12 @@ import sys
 
 
 def _before_the_cli(signum: int, _frame) -> None:
-    print(f"interrupted by {signal.Signals(signum).name}: stopped before the command began; nothing was written",
-          file=sys.stderr)
+    note = f"interrupted by {signal.Signals(signum).name}: stopped before the command began; nothing was written"
+    print(note, file=sys.stderr)
+    if "--json" in sys.argv[1:]:  # one JSON object on stdout on every exit, as the CLI prints it
+        import json
+
+        print(json.dumps({"interrupted": signal.Signals(signum).name, "note": note, "exit_code": 128 + signum}))
     sys.exit(128 + signum)
 
 

@@ -5,6 +5,7 @@ model's files, and a plot in a format matplotlib writes. Nothing is created here
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from eyas.errors import EyasError
@@ -17,6 +18,12 @@ def _writable_above(path: Path, flag: str) -> None:
         above = above.parent
     if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
         raise EyasError(f"{path}: cannot write into {above} ({flag})", f"choose a {flag} where you can write")
+    try:  # os.access says yes to root everywhere, /proc and read-only mounts included: try an unnamed file
+        with tempfile.TemporaryFile(dir=above):
+            pass
+    except OSError as e:
+        raise EyasError(f"{path}: cannot write into {above} ({flag}: {e.strerror or e})",
+                        f"choose a {flag} where you can write") from None
 
 
 def output_folder(path: str | Path | None, flag: str) -> None:

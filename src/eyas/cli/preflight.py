@@ -201,8 +201,10 @@ def features(args: argparse.Namespace) -> None:
         capture_folder(path, "--features", data_format)
     elif data_format in (None, "eyas-dump"):
         dump_file(path, args.target)
-    else:
+    else:  # a file is read as an engine dump: the format named would be ignored unsaid
         existing(path, "--features")
+        raise EyasError(f"--data-format {data_format} reads a feature cache folder; --features {path} is a file",
+                        "leave --data-format out (or pass eyas-dump) for an engine dump, or pass the cache's folder")
 
 
 def _format_without_data(data_format: str | None, flag: str) -> None:
