@@ -129,7 +129,8 @@ def test_a_max_len_that_cuts_off_every_answer_says_so(target_dir, captured, tmp_
         load_training_data(config(captured, tmp_path / "run", target_dir, max_len=2))
     shortest = int(e.value.hint.split("--max-len ")[1].split()[0])
     assert e.value.hint == f"train with --max-len {shortest} or more" and shortest > 2
-    assert len(load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest)).train_set) >= 1
+    with pytest.warns(UserWarning, match="samples left out"):  # the others start later
+        assert len(load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest)).train_set) >= 1
     with pytest.raises(EyasError, match="cuts off every"):
         load_training_data(config(captured, tmp_path / "run", target_dir, max_len=shortest - 1))
 
