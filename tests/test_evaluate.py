@@ -201,7 +201,8 @@ def test_a_cache_row_longer_than_the_targets_context_is_said(tiny, tmp_path, cap
     assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--json", "--no-progress"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["data"]["longer_than_context"] == 1
-    assert f"warning: 1 sample(s) of {cache} are longer than the target's context (64 tokens; the longest 80)" in out.err
+    said = f"warning: 1 sample(s) of {cache} are longer than the target's context (64 tokens; the longest 80)"
+    assert said in out.err
 
 
 @pytest.mark.parametrize("ids", [[4, 40], [4]])

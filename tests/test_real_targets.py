@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -300,19 +301,28 @@ def test_a_cache_without_the_last_state_is_judged_by_its_tokens_and_says_so(plai
     assert "lm_head.weight" not in rep["cost"]["target_tensors_read"]
 
 
-def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path, capsys):
+def _doctor_on_specforge(plain, tmp_path, capsys, draft_layers: str, cache_ids: list[int],
+                         *flags: str) -> tuple[int, str, str, Path]:
+    """The doctor (full target) on a SpecForge cache of the first 2 rows at SpecForge ids `cache_ids`
+    (outputs of layers), for a fresh draft reading `draft_layers`: (exit code, stdout, stderr, cache)."""
     import cache_writers
 
-    folder, shards, rows, _ = plain
+    folder, _, rows, _ = plain
     draft = tmp_path / "draft"
-    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,3"]) == 0
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", draft_layers]) == 0
     cache = tmp_path / "cache"
-    # SpecForge ids [1, 2, 3] are outputs of layers 1..3 = capture [2, 3, 4]: one layer deeper than the draft reads
-    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=[1, 2, 3])
+    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=cache_ids)
     capsys.readouterr()
-    assert main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--json",
-                 "--no-progress"]) == 1
-    rep = json.loads(capsys.readouterr().out)
+    code = main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--no-progress", *flags])
+    out, err = capsys.readouterr()
+    return code, out, err, cache
+
+
+def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path, capsys):
+    # SpecForge ids [1, 2, 3] are outputs of layers 1..3 = capture [2, 3, 4]: one layer deeper than the draft reads
+    code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2,3", [1, 2, 3], "--json")
+    assert code == 1
+    rep = json.loads(out)
     assert rep["findings"][0]["fault"] == "capture_layers"
     assert rep["cache"]["format"] == "specforge" and not rep["cache"]["layers_recorded"]
     assert [c["layer"] for c in rep["dump"]["chunks"]] == [2, 3, 4] == rep["cache"]["layers_found"]
@@ -326,33 +336,17 @@ def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path
 
 def test_doctor_blames_a_cache_with_another_count_of_states_not_the_config(plain, tmp_path, capsys):
     """A cache of 4 states for a draft reading 3: the cache is taken again; the draft's config is right."""
-    import cache_writers
-
-    folder, shards, rows, _ = plain
-    draft = tmp_path / "draft"
-    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,3"]) == 0
-    cache = tmp_path / "cache"
-    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=[0, 1, 2, 3])
-    capsys.readouterr()
-    assert main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--json",
-                 "--no-progress"]) == 1
-    (f,) = json.loads(capsys.readouterr().out)["findings"]
+    code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2,3", [0, 1, 2, 3], "--json")
+    assert code == 1
+    (f,) = json.loads(out)["findings"]
     assert f["title"].startswith("the feature cache stores 4 states per position") and "engine" not in f["title"]
     assert f["fix"].startswith("capture the cache again at capture layers [1, 2, 3]") and "set " not in f["fix"]
 
 
 def test_doctor_refuses_a_cache_with_fewer_states_than_the_draft_reads_naming_it(plain, tmp_path, capsys):
     """fc cannot run on it: refused before measuring, naming the cache (fc's own error named neither)."""
-    import cache_writers
-
-    folder, shards, rows, _ = plain
-    draft = tmp_path / "draft"
-    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "0,1,2,3"]) == 0
-    cache = tmp_path / "cache"
-    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=[0, 1, 2])
-    capsys.readouterr()
-    assert main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--no-progress"]) == 2
-    err = capsys.readouterr().err
+    code, _, err, cache = _doctor_on_specforge(plain, tmp_path, capsys, "0,1,2,3", [0, 1, 2])
+    assert code == 2
     assert err.startswith(f"error: {cache}: 3 captured layers per position") and "reads 4" in err, err
 
 

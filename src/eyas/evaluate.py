@@ -351,8 +351,8 @@ def evaluate(
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         samples, longer = itertools.islice(cache, limit) if limit else cache, []
         context = ref.text_config.get("max_position_embeddings")
-        samples = judged(_noting_longer(samples, context, longer), head, normed=info.last_hidden != PRE_NORM, device=ref.device,
-                         vocab_size=ref.vocab_size, where=info.path)
+        samples = judged(_noting_longer(samples, context, longer), head, normed=info.last_hidden != PRE_NORM,
+                         device=ref.device, vocab_size=ref.vocab_size, where=info.path)
         t1 = time.perf_counter()
         answers = _answers_temperature(cache)
         where = str(info.path) if info.path != Path(tmp) else f"captured now from {prompts or 'mtbench'}"

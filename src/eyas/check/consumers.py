@@ -277,9 +277,8 @@ def _weight_spellings(out: dict[str, dict[str, Any]], ckpt: Checkpoint) -> None:
     if ckpt.aux_norm_names:
         refusals.append("tensors aux_norm_low/mid/high (SpecForge's names of fc_norm.0/1/2): load_weights has no "
                         "parameter of that name and refuses the draft: eyas convert DIR OUT")
-    if refusals:
-        out["vllm"]["loads"] = False
-        out["vllm"]["notes"] += refusals
+    for why in refusals:  # weights_prefixed / weights_aux_norm_names are check's findings already
+        _refuse(out["vllm"], why)
     if not ckpt.wrapped:
         return
     for r in (out["sglang"], out["sglang_legacy"]):

@@ -137,9 +137,9 @@ def sglang_view(reads: str, fmt: str, cfg: dict, c: DraftContract, naming: str |
                           f"eyas stores them as layers.{{i}} {CLASS}")
     if cfg.get("draft_vocab_size") is None:
         r["notes"].append(f"no draft_vocab_size: loads the target's lm_head (load_lm_head_from_target) {CLASS}")
+    for why in refusals:  # legacy SGLang's only: notes, no check warning
+        refuse(r, why)
     if refusals:
-        r["loads"] = False
-        r["notes"] += refusals
         return r
     r["mismatches"] += identity_vocab(c, f"hot_token_id stays None, draft ids are taken as target ids {CLASS}")
     if cfg.get("tie_word_embeddings") is True:

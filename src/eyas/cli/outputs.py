@@ -26,13 +26,21 @@ def _writable_above(path: Path, flag: str) -> None:
                         f"choose a {flag} where you can write") from None
 
 
+def _given(path: str | Path | None, flag: str, kind: str) -> Path | None:
+    """The path `flag` names (None: not given); an empty one is refused, naming the `kind` it wants."""
+    if path is None:
+        return None
+    if str(path) == "":
+        raise EyasError(f"{flag} is an empty path",
+                        f"give {flag} a {kind} path" + (" ('.' for this one)" if kind == "folder" else ""))
+    return Path(path)
+
+
 def output_folder(path: str | Path | None, flag: str) -> None:
     """A folder to write: absent (made later) or a folder, in a place that can be written."""
+    path = _given(path, flag, "folder")
     if path is None:
         return
-    if str(path) == "":
-        raise EyasError(f"{flag} is an empty path", f"give {flag} a folder path ('.' for this one)")
-    path = Path(path)
     if path.exists() and not path.is_dir():
         raise EyasError(f"{path} is a file, not a folder ({flag})", f"give {flag} a folder path")
     if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
@@ -52,11 +60,9 @@ def draft_folder(path: str, force: bool, target: str | None) -> None:
 
 def output_file(path: str | Path | None, flag: str) -> None:
     """A file to write (atomically, beside itself): its folder exists and can be written."""
+    path = _given(path, flag, "file")
     if path is None:
         return
-    if str(path) == "":
-        raise EyasError(f"{flag} is an empty path", f"give {flag} a file path")
-    path = Path(path)
     if path.is_dir():
         raise EyasError(f"{path} is a folder ({flag})", f"give {flag} a file path")
     if not path.absolute().parent.is_dir():

@@ -75,9 +75,15 @@ def draft_room(args: argparse.Namespace, depths: dict[str, int | None], widths: 
     or more, no branching (`widths`) past its vocabulary. Said before anything loads: a 10^8-token chain
     was a traceback from allocating terabytes of KV cache, minutes in."""
     from eyas.cli.inputs import target_of
+    from eyas.embedded import EMBEDDED_DIR, cache_dir
     from eyas.target_ref import TargetRef
 
-    config = TargetRef.resolve(target_of(args, weights=True), weights=False).text_config
+    path = target_of(args, weights=True)
+    if path is None:  # the embedded default, once converted: converting it here would hold every check after
+        path = cache_dir() / EMBEDDED_DIR
+        if not (path / "config.json").is_file():
+            return
+    config = TargetRef.resolve(path, weights=False).text_config
     for limits, key, what in ((depths, "max_position_embeddings", "context"), (widths, "vocab_size", "vocabulary")):
         bound = config.get(key)
         for flag, value in limits.items():

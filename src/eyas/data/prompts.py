@@ -223,17 +223,33 @@ def _no_prompt(record: Any) -> str:
         return f"the record is {type(record).__name__}, not an object"
     if "prompt" in record:
         return f"`prompt` is {_not_text(record['prompt'])}"
-    key = next((k for k in ("conversations", "messages") if k in record), None)
-    if "turns" in record or key is None:
+    key = _TURNS_KEYS[0] if _TURNS_KEYS[0] in record else _TURNS_KEYS[1]
+    if "turns" in record or key not in record:
         return f"no usable prompt (found {sorted(record)})"
     turns = record[key]
     if not isinstance(turns, list):
         return f"`{key}` is {type(turns).__name__}, not a list of turns"
-    human = [t for t in turns if isinstance(t, dict) and t.get("from", t.get("role")) in _HUMAN_ROLES]
-    if not human:
-        roles = [t.get("from", t.get("role")) if isinstance(t, dict) else type(t).__name__ for t in turns]
+    human = _first_human(turns)
+    if human is None:
+        roles = [_role(t) if isinstance(t, dict) else type(t).__name__ for t in turns]
         return f"`{key}` holds no human/user turn (roles {roles})"
-    return f"the first human/user turn of `{key}` is {_not_text(human[0].get('value', human[0].get('content')))}"
+    return f"the first human/user turn of `{key}` is {_not_text(_content(human))}"
+
+
+_TURNS_KEYS = ("conversations", "messages")  # ShareGPT's, OpenAI's; the first present is read
+
+
+def _role(turn: dict) -> Any:
+    return turn.get("from", turn.get("role"))
+
+
+def _content(turn: dict) -> Any:
+    return turn.get("value", turn.get("content"))
+
+
+def _first_human(turns: list) -> dict | None:
+    """The first turn of a human / user, in either spelling."""
+    return next((t for t in turns if isinstance(t, dict) and _role(t) in _HUMAN_ROLES), None)
 
 
 def _not_text(value: Any) -> str:
@@ -250,12 +266,9 @@ def _first_human_turn(record: Any) -> str | None:
         turns = record["turns"]
         text = turns[0] if isinstance(turns, list) and turns else None
     else:
-        turns = record.get("conversations", record.get("messages"))
-        text = None
-        for turn in turns if isinstance(turns, list) else []:
-            if isinstance(turn, dict) and turn.get("from", turn.get("role")) in _HUMAN_ROLES:
-                text = turn.get("value", turn.get("content"))
-                break
+        turns = record.get(_TURNS_KEYS[0], record.get(_TURNS_KEYS[1]))
+        human = _first_human(turns) if isinstance(turns, list) else None
+        text = None if human is None else _content(human)
     return text if isinstance(text, str) and text.strip() else None
 
 
