@@ -166,6 +166,12 @@ def four_layers(fmt: str):
     return make
 
 
+def four_layers_without_count(d: Path) -> Path:
+    """The four-state speculators draft as speculators writes it: no transformer_layer_config.
+    num_aux_hidden_states, so vLLM 0.32 sizes fc for 3 (vLLM #54526)."""
+    return _edit(four_layers("speculators")(d), lambda cfg: cfg["transformer_layer_config"].pop("num_aux_hidden_states"))
+
+
 def sliding_window(size: int):
     """The shipped draft's layer declared to attend over its last `size` positions, as the published
     speculators config of speculators issue 1065 declares 2048 (`layer_types` ["sliding_attention"])."""
@@ -197,6 +203,7 @@ VARIANTS = {
     "rope_dynamic_without_factor": rope({"type": "dynamic", "alpha": 1000.0}),  # transformers 5 refuses it
     "shared_lm_head": shared_lm_head("eagle"),
     "four_layers_speculators": four_layers("speculators"),
+    "four_layers_speculators_without_count": four_layers_without_count,
     "four_layers_eagle": four_layers("eagle"),
     "sliding_window_4": sliding_window(4),  # every context served here is longer: the window cuts it
 }

@@ -233,6 +233,7 @@ def test_speculators_format_in_each_engine(tmp_path):
     c = tiny_contract(capture_layers=(1, 2, 3, 5), has_embeddings=True)
     cfg = speculators_config(c)
     del cfg["norm_before_residual"]
+    del cfg["transformer_layer_config"]["num_aux_hidden_states"]  # as speculators writes it
     cons = _cons(tmp_path, {"config.json": cfg}, c, naming="speculators")
     vllm = cons["vllm"]
     assert vllm["norm_before_residual"] is True and vllm["loads"] is False  # 4 aux states, fc sized for 3
@@ -242,24 +243,46 @@ def test_speculators_format_in_each_engine(tmp_path):
     assert spec["norm_before_residual"] is False and spec["mismatches"] == []
 
 
+def _without_aux_count(folder):
+    """The speculators config of `folder` as speculators itself writes it: no num_aux_hidden_states."""
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["transformer_layer_config"]["num_aux_hidden_states"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
 def test_check_warns_where_an_engine_reading_the_format_refuses_the_draft(tmp_path):
-    """vLLM refuses this 4-layer speculators draft (fc sized for 3): check says so beside inspect; SGLang,
-    which reads no speculators config, is a note only."""
+    """vLLM refuses this 4-layer speculators draft without num_aux_hidden_states (fc sized for 3): check
+    says so beside inspect; SGLang, which reads no speculators config, is a note only."""
     c = tiny_contract(capture_layers=(1, 2, 3, 5))
     write_checkpoint(tmp_path / "four", c, random_tensors(c), "speculators")
-    rep = check_checkpoint(tmp_path / "four")
+    rep = check_checkpoint(_without_aux_count(tmp_path / "four"))
     (w,) = [w for w in rep.warnings if w["code"] == "consumer_cannot_load"]
     assert text_of(w).startswith("vllm: cannot load config.json: sizes fc for 3 chunks") and rep.ok
     assert w["field"] == "transformer_layer_config.num_aux_hidden_states"
     assert 'write "num_aux_hidden_states": 4' in text_of(w)
 
 
-def test_init_says_which_engine_will_not_load_what_it_wrote(tmp_path, capsys):
+@pytest.mark.parametrize("layers", [(5,), (1, 2, 3, 5)])
+def test_eyas_writes_the_aux_count_vllm_sizes_fc_from(tmp_path, layers):
+    """eyas's speculators export states how many states fc reads (vLLM reads no ids there, else 3):
+    served by vLLM 0.32 in tests/test_engine_vllm.py."""
+    c = tiny_contract(capture_layers=layers)
+    write_checkpoint(tmp_path / "d", c, random_tensors(c), "speculators")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == len(layers)
+    assert "consumer_cannot_load" not in {w["code"] for w in check_checkpoint(tmp_path / "d").warnings}
+
+
+def test_init_says_what_check_would_say_of_what_it_wrote(tmp_path, capsys):
+    """Capture from layer 1 cannot be written for SGLang's nested ids (a first id of 1 means +1)."""
     from eyas.cli import main
 
-    assert main(["init", str(tmp_path / "one"), "--capture-layers", "5", "--json"]) == 0
-    (w,) = json.loads(capsys.readouterr().out)["warnings"]
-    assert w["code"] == "consumer_cannot_load" and "fc.weight reads 1" in text_of(w)
+    assert main(["init", str(tmp_path / "one"), "--capture-layers", "1,5,9", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)["warnings"]
+    assert "layer_ids_top_nested_differ" in {w["code"] for w in said}
+    checked = check_checkpoint(tmp_path / "one").warnings  # init read the target; check was given none
+    assert said == [w for w in checked if w["code"] != "target_not_given"]
 
 
 @pytest.mark.parametrize("verifier, loads, says", [

@@ -124,7 +124,7 @@ def test_fault_effects(reports):
 
 @pytest.mark.engine
 def test_refusal_is_reported_and_was_predicted_by_check(reports):
-    r = reports["four_layers_speculators"]
+    r = reports["four_layers_speculators_without_count"]
     assert not r["loaded"] and "2304" in r["error"]  # fc built for 3 states, the weights read 4
     assert r["refusal_predicted"]
     r = reports["names_under_model_prefix"]  # eyas reads through the prefix; vLLM prefixes every name again
@@ -135,6 +135,16 @@ def test_refusal_is_reported_and_was_predicted_by_check(reports):
     assert not r["loaded"] and "aux_norm_" in r["error"] and r["refusal_predicted"]
     r = reports["rope_dynamic_without_factor"]
     assert not r["loaded"] and "factor" in r["error"] and r["refusal_predicted"]
+
+
+@pytest.mark.engine
+def test_four_states_are_served_as_eyas_writes_them(reports):
+    """eyas's speculators export states num_aux_hidden_states: vLLM builds fc for the four states and
+    drafts eyas's tokens (a random draft: its first drafted token, compared, is what is at stake)."""
+    r = reports["four_layers_speculators"]
+    assert r["loaded"] and r["agree"], r["explanation"]
+    assert r["wiring"]["engine"]["capture_layers"] == [2, 10, 20, 27]
+    assert r["drafts_compared"]["first_token_same"] >= 0.95
 
 
 @pytest.mark.engine

@@ -90,10 +90,11 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
     if ids is None:
         r["notes"].append(f"no layer ids read: captures {_default_note(n)}")
     if n_aux != c.num_aux_layers:
-        where = "transformer_layer_config." if fmt == "speculators" else ""
+        where = "transformer_layer_config" if fmt == "speculators" else ""
         _refuse(r, f"sizes fc for {n_aux} chunks (num_aux_hidden_states, else eagle_config ids, else 3) but fc.weight "
                 f"reads {c.num_aux_layers} (vLLM #54526): write \"num_aux_hidden_states\": {c.num_aux_layers} in "
-                f"{where or 'the config'}", f"{where}num_aux_hidden_states")
+                f"{where or 'the config'} (eyas convert DIR OUT --format {fmt} states it)",
+                f"{where}.num_aux_hidden_states" if where else "num_aux_hidden_states")
     if any(flags.values()):
         r["notes"].append("norm_before_fc needs vLLM PR #38111, fc_norm/norm_output PR #46488; older vLLM ignores them")
     r["mismatches"] += _identity_vocab(c, "vLLM maps draft id i to target id i (acceptance collapses)")
