@@ -290,6 +290,14 @@ def consumer_views(tmp_path):
     return found
 
 
+def vocab_map_completed(tmp_path):
+    """A valid d2t stored as int32 and without t2d: served by engines, completed on read."""
+    c = tiny_contract()
+    t = _t(c, t2d=None)
+    t["d2t"] = t["d2t"].int()
+    return _read(_folder(tmp_path / "m", {"config.json": speculators_config(c)}, t))
+
+
 def engine_refusals(tmp_path):
     """vLLM sizes fc for 3 chunks from a speculators config without num_aux_hidden_states (vLLM #54526)."""
     c = tiny_contract(capture_layers=(1, 2, 3, 4))
@@ -335,6 +343,7 @@ SCENARIOS = {  # scenario: the codes it must produce
         "consumer_capture_default", "consumer_capture_layers", "consumer_norm_flags", "consumer_replaces_embeddings",
         "consumer_no_vocab_map", "consumer_builds_qwen3",
     },
+    vocab_map_completed: {"t2d_derived", "d2t_cast"},
     engine_refusals: {"consumer_cannot_load"},
 }
 

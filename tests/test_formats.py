@@ -600,7 +600,8 @@ _Q = "layers.0.self_attn.q_proj.weight"
             "layers.0.self_attn.q_norm.weight",
             r"layer type \(model_type\) is not qwen3",
         ),
-        ({"t2d": None}, "t2d", r"t2d is missing \(d2t is present\)"),
+        # (a valid d2t without t2d is completed on read: tests/test_vocab_map.py)
+        ({"t2d": None, "d2t": torch.full((64,), 250, dtype=torch.int64)}, "t2d", r"t2d is missing \(d2t is present\)"),
         ({"d2t": None, "t2d": None}, "d2t", "there is no d2t/t2d"),
         ({"d2t": torch.full((64,), 250, dtype=torch.int64)}, "d2t", r"outside \[0, 256\)"),
         (
@@ -609,7 +610,7 @@ _Q = "layers.0.self_attn.q_proj.weight"
             "not strictly increasing at draft id 5",
         ),
         ({"t2d": torch.ones(256, dtype=torch.bool)}, "t2d", "t2d marks 256 target ids, expected draft_vocab_size 64"),
-        ({"d2t": torch.zeros(64, dtype=torch.int32)}, "d2t", "d2t is torch.int32"),
+        ({"d2t": torch.full((64,), 250, dtype=torch.int32)}, "d2t", "d2t is torch.int32"),  # a valid one is cast
         (
             {"layers.1.mlp.up_proj.weight": torch.ones(128, 64)},
             "layers.1",

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from safetensors.torch import load_file, save_file
+
 from conftest import random_tensors, tiny_contract
 from eyas.drafter import check_vocab_map
 from eyas.errors import ContractError
-from eyas.formats import vocab_map_problems
+from eyas.formats import convert_checkpoint, read_checkpoint, vocab_map_problems, write_checkpoint
 
 
 def vocab_map_cases() -> dict[str, dict[str, torch.Tensor]]:
@@ -86,3 +88,36 @@ def test_why_the_order_matters():
 )
 def test_each_case_has_its_code(case, codes):
     assert [p["code"] for p in vocab_map_problems(tiny_contract(), vocab_map_cases()[case])] == codes
+
+
+def _stored(tmp_path, case: str):
+    """tiny_contract() written as speculators, its vocab map then stored as `case` has it."""
+    c = tiny_contract()
+    d = write_checkpoint(tmp_path / case.replace(" ", "_"), c, random_tensors(c), "speculators")
+    t = {k: v for k, v in load_file(d / "model.safetensors").items() if k not in ("d2t", "t2d")}
+    save_file({**t, **vocab_map_cases()[case]}, d / "model.safetensors")
+    return d
+
+
+@pytest.mark.parametrize("case, codes", [("no t2d", ["t2d_derived"]), ("d2t int32", ["d2t_cast"])])
+def test_a_map_engines_serve_is_completed_on_read(tmp_path, case, codes):
+    """Engines read d2t alone and cast it on load: a valid d2t without t2d, or as int32, is served as
+    intended, so eyas reads it whole (saying so) instead of refusing it, and convert stores it whole."""
+    valid = vocab_map_cases()["valid"]
+    ck = read_checkpoint(_stored(tmp_path, case))
+    assert [w["code"] for w in ck.warnings if w["field"] in ("d2t", "t2d")] == codes and not ck.problems
+    assert all(ck.tensors[k].dtype == v.dtype and torch.equal(ck.tensors[k], v) for k, v in valid.items())
+    check_vocab_map(ck.contract, ck.tensors["d2t"], ck.tensors["t2d"])  # what every verb running it checks
+    _, written = convert_checkpoint(ck.path, tmp_path / "out", "eagle")
+    assert not {w["code"] for w in read_checkpoint(written.path).warnings} & {"t2d_derived", "d2t_cast"}
+
+
+@pytest.mark.parametrize("case", ["out of range", "d2t short"])
+def test_a_map_engines_misread_is_not_completed(tmp_path, case):
+    """Only a d2t the rule accepts is completed: a broken one without t2d stays refused."""
+    d = _stored(tmp_path, case)
+    save_file({k: v for k, v in load_file(d / "model.safetensors").items() if k != "t2d"}, d / "model.safetensors")
+    codes = [p["code"] for p in read_checkpoint(d, strict=False).problems]
+    assert "t2d_missing" in codes
+    with pytest.raises(ContractError):
+        read_checkpoint(d)

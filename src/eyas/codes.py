@@ -106,6 +106,8 @@ CODES: dict[str, Code] = {
     "d2t_not_increasing": _problem("vocab_map", "arange + d2t is not strictly increasing: t2d cannot describe it"),
     "t2d_count": _problem("vocab_map", "t2d marks another number of target ids than draft_vocab_size"),
     "t2d_disagrees": _problem("vocab_map", "t2d does not mark the target ids d2t maps to"),
+    "t2d_derived": _warning("vocab_map", "a valid d2t stored without t2d: t2d is derived from it"),
+    "d2t_cast": _warning("vocab_map", "a valid d2t stored as another integer type: read as int64"),
     # --- the contract against a target (eyas.contract, eyas.check.rules) ---
     "capture_layers_not_recorded": _problem(None, "no capture layers recorded: engines fall back to (2, N//2, N-3)"),
     "capture_layers_out_of_range": _problem("capture_layers", "a capture layer beyond the target's depth"),

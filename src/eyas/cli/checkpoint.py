@@ -254,9 +254,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
             }
         )
     else:
+        completed = any(w["code"] in ("t2d_derived", "d2t_cast") for w in source.warnings)
         print(
             f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors "
-            "bit-identical, contract unchanged"
+            f"bit-identical{' (the vocab map completed, as warned)' if completed else ''}, contract unchanged"
         )
         for w in warnings + problems:
             print(f"warning: {text_of(w)}")

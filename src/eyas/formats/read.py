@@ -22,7 +22,7 @@ from eyas.formats.compare import agreement, choose_config, config_paths, disagre
 from eyas.formats.parse import load_json, parse_eagle, parse_speculators
 from eyas.formats.parsed import Parsed
 from eyas.formats.schema import LAYER_CONVENTIONS, detect_format
-from eyas.formats.validate import tensor_problems
+from eyas.formats.validate import complete_vocab_map, tensor_problems
 from eyas.weights import (
     WRAPPER_PREFIX,
     aux_norm_spelled,
@@ -166,6 +166,8 @@ def read_checkpoint(
             )
         )
     elif loaded:
+        tensors, completed = complete_vocab_map(contract, tensors, f"{path / wfiles[0]}: ")
+        warnings += completed
         against = f"{path / wfiles[0]} (checked against {used}): "  # either file may be the wrong one
         for prob in tensor_problems(contract, tensors):
             issues.add(ContractError, prefixed(prob, against))

@@ -250,6 +250,34 @@ def vocab_map_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> li
     return out
 
 
+def complete_vocab_map(
+    c: DraftContract, tensors: dict[str, torch.Tensor], where: str
+) -> tuple[dict[str, torch.Tensor], list[dict[str, str]]]:
+    """`tensors` with the vocab map the engines serve made whole, and a warning for each thing filled in.
+
+    Engines read d2t alone and cast it on load (vLLM copies it into an int64 parameter, SGLang adds an
+    int64 arange), so a draft storing a valid d2t without t2d, or as int32, is served as intended: its
+    map is completed here (t2d derived from d2t, d2t cast to int64) instead of refused. Only a d2t of the
+    right shape whose values pass the rule is completed; anything else is left to vocab_map_problems.
+    """
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    if d2t is None or tuple(d2t.shape) != (c.draft_vocab_size,) or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        return tensors, []
+    _, targets = _d2t_problems(d2t.cpu(), c.vocab_size)
+    if targets is None or (t2d is not None and d2t.dtype == torch.int64):
+        return tensors, []
+    out, said = dict(tensors), []
+    if d2t.dtype != torch.int64:
+        out["d2t"] = d2t.long()
+        said.append(finding("d2t_cast", "d2t", f"{where}d2t is {d2t.dtype}: read as int64 offsets, as engines "
+                            "cast it on load", "none needed; eyas convert stores it as int64"))
+    if t2d is None:
+        out["t2d"] = torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, targets, True)
+        said.append(finding("t2d_derived", "t2d", f"{where}no t2d: derived from d2t (engines read d2t only)",
+                            "none needed; eyas convert stores both"))
+    return out, said
+
+
 def _d2t_problems(d2t: torch.Tensor, V: int) -> tuple[list[dict[str, str]], torch.Tensor | None]:
     """Findings on a [Vd] d2t, and the target ids it maps to (None when they are not a valid map)."""
     out = []
