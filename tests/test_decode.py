@@ -525,7 +525,7 @@ def test_refusals(big, small, monkeypatch):
         (EyasError, "context is 512", dict(input_ids=torch.zeros(1, 500, dtype=torch.long), max_new_tokens=13)),
         (EyasError, "both draft_tokens and tree",
          dict(input_ids=prompt, max_new_tokens=4, draft_tokens=2, tree=(2, 2, 2))),
-        (EyasError, "tree=", dict(input_ids=prompt, max_new_tokens=4, tree=(2, 0, 2))),
+        (EyasError, "tree 2,0,2: expected", dict(input_ids=prompt, max_new_tokens=4, tree=(2, 0, 2))),
         (EyasError, "max_new_tokens=0", dict(input_ids=prompt, max_new_tokens=0)),
         (EyasError, "top_p", dict(input_ids=prompt, max_new_tokens=4, temperature=1.0, top_p=0.0)),
     ]

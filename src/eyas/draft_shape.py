@@ -18,23 +18,18 @@ from pathlib import Path
 import torch
 
 from eyas.decode import bf16_kernel
+from eyas.decode.loop import tree_shape
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
 from eyas.machine import machine_key, read_measured, save_measured, settled
 
 
 def parse_tree(tree: str | Sequence[int] | None) -> tuple[int, int, int] | None:
-    """"depth,top_k,budget" (the --tree flag) or a 3-sequence -> a checked tuple; None stays None."""
+    """"depth,top_k,budget" (the --tree flag) or a 3-sequence -> a checked tuple (eyas.decode.loop.tree_shape);
+    None stays None."""
     if tree is None:
         return None
-    parts = tree.split(",") if isinstance(tree, str) else list(tree)
-    try:
-        shape = tuple(int(v) for v in parts)
-    except ValueError:
-        shape = ()
-    if len(shape) != 3 or min(shape) < 1:
-        raise EyasError(f"tree {tree!r}: expected depth,top_k,budget, three integers >= 1", "e.g. --tree 5,4,16")
-    return shape
+    return tree_shape(tree.split(",") if isinstance(tree, str) else tree)
 
 
 def shape_label(shape: dict) -> str:

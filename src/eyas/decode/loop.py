@@ -45,6 +45,26 @@ def _prompt(input_ids, device: torch.device) -> Tensor:
     return ids.to(device)
 
 
+def tree_shape(tree: Sequence[int]) -> tuple[int, int, int]:
+    """(depth, top_k, budget) checked: integers >= 1, and a budget of at least the depth. A node is kept
+    only with its ancestors (scores fall along a path), so a budget b keeps nothing past depth b: the
+    levels beyond it would be drafted, each a draft forward, for no token ever verified."""
+    try:
+        shape = tuple(int(v) for v in tree)
+    except (TypeError, ValueError):
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        shown = ",".join(map(str, tree)) if isinstance(tree, (list, tuple)) else repr(tree)
+        raise EyasError(f"tree {shown}: expected depth,top_k,budget, three integers >= 1", "e.g. tree 5,4,16")
+    depth, top_k, budget = shape
+    if budget < depth:
+        levels = f"level {depth}" if depth == budget + 1 else f"levels {budget + 1}..{depth}"
+        raise EyasError(f"tree {depth},{top_k},{budget}: a budget of {budget} nodes keeps none past depth {budget}, "
+                        f"so {levels} would be drafted for nothing",
+                        f"use a budget of at least the depth, e.g. tree {depth},{top_k},{2 * depth}")
+    return shape
+
+
 def _draft_plan(
     drafter: Drafter | None, draft_tokens: int | None, tree: tuple[int, int, int] | None
 ) -> tuple[int, tuple[int, int, int] | None]:
@@ -56,9 +76,7 @@ def _draft_plan(
     if draft_tokens is not None and tree is not None:
         raise EyasError("both draft_tokens and tree were given", "pass draft_tokens=k or tree=(d, k, n)")
     if tree is not None:
-        shape = tuple(int(v) for v in tree)
-        if len(shape) != 3 or min(shape) < 1:
-            raise EyasError(f"tree={tree!r}: expected (depth, top_k, budget), all >= 1", "e.g. tree=(5, 8, 48)")
+        shape = tree_shape(tree)
         return shape[0], shape
     k = DEFAULT_DRAFT_TOKENS if draft_tokens is None else int(draft_tokens)
     if k < 1:
