@@ -142,6 +142,22 @@ def test_any_verb_stopped_mid_write_leaves_nothing_and_says_so_in_one_line(sig, 
     assert signal.getsignal(sig) is not None and signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL)
 
 
+def test_generate_stopped_mid_answer_ends_its_line(monkeypatch, capsys):
+    """The streamed answer's line ends before the `interrupted by` line, which says nothing was written
+    (generate writes no files)."""
+    import eyas.generate
+
+    def stopped_mid_answer(*args, stream, **kwargs):
+        stream("The hawk")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(eyas.generate, "run_generate", stopped_mid_answer)
+    assert main(["generate", "--prompt", "hi", "--no-progress"]) == 130
+    out, err = capsys.readouterr()
+    assert out == "The hawk\n"
+    assert err.splitlines()[-1] == "interrupted by SIGINT: stopped before the end; nothing was written"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_while_the_cli_imports_is_one_line_too(sig, capsys, monkeypatch):
     """The console script (`eyas.__main__.run`) answers a signal during the second the CLI takes to

@@ -21,6 +21,7 @@ reader of stdout that leaves early (`| head`) ends it quietly with 141, as SIGPI
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -49,9 +50,11 @@ def _warning_line(other: Callable[..., None]) -> Callable[..., None]:
     return show
 
 
-def _stopped() -> str:
+def _stopped(args: argparse.Namespace) -> str:
     """What every verb says when stopped by SIGINT / SIGTERM (capture and train say how to resume)."""
-    return "stopped before the end; files are written whole or not at all, so none was left half-written"
+    if any(getattr(args, name, None) for name in ("dst", "out", "plot", "dump")):
+        return "stopped before the end; files are written whole or not at all, so none was left half-written"
+    return "stopped before the end; nothing was written"
 
 
 def _json_error(message: str, hint: str | None) -> None:
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0)
         return int(e.code or 0)
     try:
-        with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings(), on_signals(_stopped):
+        with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings(), on_signals(lambda: _stopped(args)):
             warnings.showwarning = _warning_line(warnings.showwarning)
             code = args.func(args)
         sys.stdout.flush()  # a closed pipe fails here, where it is handled, not in the interpreter's exit

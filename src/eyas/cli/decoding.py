@@ -24,11 +24,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.generate import format_generate, run_generate
 
-    result = run_generate(drafter_of(args), args.prompt, draft_tokens=args.draft_tokens, tree=args.tree,
-                          temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          max_new_tokens=args.max_new_tokens, seed=args.seed, target=target_of(args, weights=True),
-                          dtype=args.dtype, layer_convention=args.layer_convention, device=args.device,
-                          stream=None if args.json else _stream, progress=args.progress)
+    streamed: list[str] = []
+
+    def stream(text: str) -> None:
+        streamed.append(text)
+        _stream(text)
+
+    try:
+        result = run_generate(drafter_of(args), args.prompt, draft_tokens=args.draft_tokens, tree=args.tree,
+                              temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed,
+                              target=target_of(args, weights=True), dtype=args.dtype,
+                              layer_convention=args.layer_convention, device=args.device,
+                              stream=None if args.json else stream, progress=args.progress)
+    except BaseException:  # stopped mid-answer (Ctrl-C, an error): the line the answer was on ends first
+        if streamed and not streamed[-1].endswith("\n"):
+            _stream("\n")
+        raise
     if args.json:
         print_json(result)
     else:
