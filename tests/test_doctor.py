@@ -637,15 +637,30 @@ def test_a_correct_engine_dump_is_ok(healthy, states, tmp_path):
         rep["dump"]["acceptance_on_correct_features"]["acceptance_depth1"], abs=0.02)  # bf16 dump vs fp32
 
 
-def test_a_dump_that_matches_no_state_leaves_the_fed_features_unjudged(healthy, states, tmp_path):
-    """Noise of the right width: no chunk is a state of the target, so an OK verdict on the draft's
-    own wiring must not read as 'the engine fed it right'."""
+def test_a_dump_that_matches_no_state_and_costs_acceptance_is_a_fault(healthy, states, tmp_path):
+    """Noise of the right width: no chunk is a state of the target and the draft does worse on it than on
+    correct features: a finding (exit 1), not an OK verdict on the draft's own wiring."""
     dump = write_dump(states, tmp_path / "dump.safetensors", LAYERS)
     t = load_file(dump)
     t["features"] = torch.randn(t["features"].shape, generator=torch.Generator().manual_seed(0)).to(t["features"].dtype)
     save_file(t, dump)
     rep = diagnose(healthy, capture=states, features=dump, progress=False)
     assert not any(c["identified"] for c in rep["dump"]["chunks"])
+    assert rep["verdict"] == "faulty" and [f["fault"] for f in rep["findings"]] == ["unmatched_features"]
+    f = rep["findings"][0]
+    assert f["acceptance_before"] < f["acceptance_after"] and "--target" in f["fix"]
+    assert "unjudged" not in format_report(rep).splitlines()[0]
+
+
+def test_a_dump_that_matches_no_state_but_costs_nothing_stays_unjudged(healthy, states, tmp_path, monkeypatch):
+    """Where the draft does as well on the unmatched features (here: the matcher made blind), the verdict
+    stays OK and says the fed features are unjudged."""
+    import eyas.doctor.dumps as dumps
+
+    monkeypatch.setattr(dumps, "MATCH_COSINE", 1.01)  # no chunk can match; the features are the right ones
+    rep = diagnose(healthy, capture=states, features=write_dump(states, tmp_path / "d.safetensors", LAYERS),
+                   progress=False)
+    assert not any(c["identified"] for c in rep["dump"]["chunks"]) and rep["verdict"] == "ok", format_report(rep)
     assert "the dump matches none of the target's states" in format_report(rep).splitlines()[0]
 
 

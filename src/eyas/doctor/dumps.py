@@ -20,7 +20,7 @@ from eyas.doctor.capture import capture_tokens
 from eyas.doctor.findings import make_finding
 from eyas.doctor.hypotheses import block_fix, config_edits
 from eyas.doctor.measure import Measurer, SkipFcDrafter
-from eyas.doctor.stats import Outcome, rounded
+from eyas.doctor.stats import Outcome, beats, paired_test, rounded
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.drafter import Drafter
 from eyas.errors import FormatError
@@ -30,7 +30,8 @@ from eyas.target_ref import TargetRef
 
 MATCH_COSINE = 0.95  # a dump chunk "is" a target state above this cosine and below this relative error
 MATCH_REL_ERROR = 0.3
-DUMP_ORDER = ("fc_skipped", "capture_layers", "concat_order", "normalized_features", "position_shift")
+DUMP_ORDER = ("fc_skipped", "unmatched_features", "capture_layers", "concat_order", "normalized_features",
+              "position_shift")
 
 CACHE = "feature cache"  # a finding's source where a trainer's cache, not an engine, fed the features
 
@@ -161,6 +162,13 @@ def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Ou
     if W != len(want) * H:
         return _width_findings(W, H, want, ckpt, finding, source)
     ok, out, got = [c for c in matches if c["identified"]], [], [c["layer"] for c in matches]
+    if not ok and before is not None and beats(paired_test(before, after), 1):
+        fed = "the cache holds" if source == CACHE else "the engine fed"
+        out.append(finding("unmatched_features", f"{fed} features that are none of the target's states, and the "
+                           f"draft does worse on them than on the layers it reads {list(want)}",
+                           "pass the --target they came from (another model's features, or tokens not aligned "
+                           "with them, match nothing); else the capture reads something other than the residual "
+                           "stream: see docs/engine-dumps.md"))
     if len(ok) == len(matches) and got != list(want):
         if sorted(got) == sorted(want):
             out.append(finding("concat_order", f"the engine concatenated layers {got}; the draft reads {list(want)}",

@@ -13,7 +13,7 @@ from eyas.doctor.wiring import Wiring
 from eyas.formats import NORM_FLAGS
 
 SLUGS = ("capture_layers", "concat_order", "normalized_features", "fc_skipped", "embeddings", "vocab_map",
-         "rope", "norm_flags", "config_file", "position_shift")
+         "rope", "norm_flags", "config_file", "position_shift", "unmatched_features")
 
 
 def make_finding(slug: str, title: str, evidence: str, fix: str, before: Outcome | None, after: Outcome | None,

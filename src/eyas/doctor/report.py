@@ -68,7 +68,8 @@ def format_report(report: dict[str, Any]) -> str:
     n = len(report["findings"])
     head = "OK: no fault found" if report["verdict"] == "ok" else f"FAULTY: {n} finding{'s' * (n != 1)}"
     chunks = (report["dump"] or {}).get("chunks") or []
-    if chunks and not any(c["identified"] for c in chunks):  # the verdict then says nothing about what was fed
+    unjudged = not any(f["fault"] == "unmatched_features" for f in report["findings"])
+    if chunks and unjudged and not any(c["identified"] for c in chunks):  # the verdict says nothing about what was fed
         head += "; the dump matches none of the target's states (see notes): what the engine fed is unjudged"
     lines = [f"eyas doctor {report['drafter']}: {head}", f"target: {report['target']}"]
     m = report["measured"]
