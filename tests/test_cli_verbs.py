@@ -146,8 +146,13 @@ def test_capture_then_eval_and_train(target, draft, shards, prompts, tmp_path, c
     code, out, err = run(capsys, "capture", "--target", target, "--prompts", prompts, "--out", tmp_path / "more",
                          "--capture-layers", LAYERS, "--max-new-tokens", "3", "--limit", "2", "--dtype", "fp32",
                          "--no-progress", "--json")
-    assert code == 0 and json.loads(out)["num_samples"] == 2
+    assert code == 0 and json.loads(out)["num_samples"] == 2 and "stderr_warnings" not in json.loads(out)
     assert "Loading weights" not in err and "capture" not in err  # no bar at all, transformers' included
+    code, out, err = run(capsys, "capture", "--target", target, "--prompts", prompts, "--out", tmp_path / "all",
+                         "--capture-layers", LAYERS, "--max-new-tokens", "3", "--limit", "99", "--dtype", "fp32",
+                         "--no-progress", "--json")  # fewer prompts than asked: said on stderr and in the object
+    said = f"--limit 99: {prompts} has {len(PROMPTS)} prompts; capturing those"
+    assert code == 0 and json.loads(out)["stderr_warnings"] == [said] and f"warning: {said}" in err
 
     rep = run_json(capsys, "eval", draft, "--data", shards, "--target", target / "config.json", "--dtype", "float32",
                    "--depth", "3", "--no-progress")

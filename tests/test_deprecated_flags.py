@@ -38,7 +38,8 @@ def test_verifier_config_is_target(tmp_path, draft, capsys):
     new = json.loads(capsys.readouterr().out)
     assert main(["inspect", str(draft), "--verifier-config", str(target), "--json"]) == 0
     out = capsys.readouterr()
-    assert json.loads(out.out) == new and "warning: --verifier-config is deprecated; use --target" in out.err
+    said = "--verifier-config is deprecated; use --target"
+    assert json.loads(out.out) == {**new, "stderr_warnings": [said]} and f"warning: {said}" in out.err
     for flag, out in (("--target", "a"), ("--verifier-config", "b")):
         assert main(["convert", str(draft), str(tmp_path / out), "--format", "eagle", flag, str(target)]) == 0
     assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()

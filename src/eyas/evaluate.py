@@ -18,6 +18,7 @@ import itertools
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -371,9 +372,9 @@ def evaluate(
                       "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "answers_temperature": answers,
                       "longer_than_context": len(longer)}
     if longer:
-        print(f"warning: {len(longer)} sample(s) of {where} are longer than the target's context ({context} tokens; "
-              f"the longest {max(longer)}): their positions past it are measured, though no engine serves them",
-              file=sys.stderr)
+        warnings.warn(f"{len(longer)} sample(s) of {where} are longer than the target's context ({context} tokens; "
+                      f"the longest {max(longer)}): their positions past it are measured, though no engine serves "
+                      "them", stacklevel=2)
     report["cost"] = {"device": str(ref.device), "dtype": str(dtype).removeprefix("torch."),
                       "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(seconds, 2),
                       "positions_per_s": round(report["tokens"] / seconds, 1) if seconds > 0 else None,
@@ -399,7 +400,7 @@ def _drafter_and_layers(path, ref: TargetRef, layer_convention: str | None, dtyp
     layers = drafter.contract.capture_layers
     if layers is None:
         layers = default_capture_layers(ref.num_layers)
-        print(f"warning: {path} names no capture layers; using the engine default {list(layers)}", file=sys.stderr)
+        warnings.warn(f"{path} names no capture layers; using the engine default {list(layers)}", stacklevel=2)
     return drafter, config, tuple(layers)
 
 
@@ -428,9 +429,9 @@ def _specforge_note(info: CacheInfo, config) -> None:
 
     named = layers_for_draft(config.parent) if info.format == "specforge" and not info.layers_recorded else None
     if named and info.capture_layers is not None and named[1] != tuple(info.capture_layers):
-        print(f"warning: SpecForge takes its layers from the draft config it trained with: with {named[0]} it "
-              f"captured {list(named[1])} (its ids are outputs of layers), not the assumed {list(info.capture_layers)}",
-              file=sys.stderr)
+        warnings.warn(f"SpecForge takes its layers from the draft config it trained with: with {named[0]} it "
+                      f"captured {list(named[1])} (its ids are outputs of layers), not the assumed "
+                      f"{list(info.capture_layers)}", stacklevel=2)
 
 
 def check_slots(info: CacheInfo, reads: int, config, layers: tuple[int, ...] | None = None) -> None:
@@ -458,8 +459,8 @@ def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
         return
     print(f"eyas: {info.format} cache {info.path}: {info.layers_note}", file=sys.stderr)
     if info.capture_layers is not None and tuple(info.capture_layers) != layers:
-        print(f"warning: the draft ({config}) reads capture {list(layers)}, not the assumed "
-              f"{list(info.capture_layers)}; evaluating as if the cache held the draft's layers", file=sys.stderr)
+        warnings.warn(f"the draft ({config}) reads capture {list(layers)}, not the assumed "
+                      f"{list(info.capture_layers)}; evaluating as if the cache held the draft's layers", stacklevel=2)
     print(f"eyas: to confirm the cache's layers, run: eyas doctor DRAFT --features {info.path} --target "
           "FULL_TARGET_FOLDER (matches the cache against the target's own states)", file=sys.stderr)
 

@@ -28,7 +28,7 @@ import sys
 import warnings
 from collections.abc import Callable
 
-from eyas.cli.output import print_json, progress_bars
+from eyas.cli.output import new_command, print_json, progress_bars, warning_said
 from eyas.cli.parser import UsageError, build_parser
 from eyas.errors import EyasError
 from eyas.interrupt import Interrupted, on_signals
@@ -43,7 +43,7 @@ def _warning_line(other: Callable[..., None]) -> Callable[..., None]:
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         if os.path.abspath(filename).startswith(package + os.sep):
-            print(f"warning: {message}", file=sys.stderr)
+            warning_said(str(message))
         else:
             other(message, category, filename, lineno, file, line)
 
@@ -64,6 +64,7 @@ def _json_error(message: str, hint: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (`eyas`); returns the exit code."""
+    new_command()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import warnings
 from typing import Any
 
 from eyas.cli import preflight
@@ -34,6 +35,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts, limit=end)[args.skip :]
     if not prompts:
         raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")
+    if args.limit is not None and len(prompts) < args.limit:  # capturing fewer than asked is said, not hidden
+        after = f" after --skip {args.skip}" if args.skip else ""
+        warnings.warn(f"--limit {args.limit}: {args.prompts} has {len(prompts)} prompts{after}; capturing those")
     dtype = to_dtype(args.dtype)
     # loaded onto --device, not moved there after: refused when too large for it, spread over GPUs
     target = Target.load(target_spec, dtype=dtype, device=args.device)

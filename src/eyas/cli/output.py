@@ -11,13 +11,30 @@ from typing import Any
 from eyas.jsonsafe import dumps
 
 
+# eyas's `warning:` lines said on stderr during this command (eyas.cli._warning_line records them), so the
+# one JSON object carries them too: a reader of stdout learns of a skipped shard or a shortened --limit
+_said: list[str] = []
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
+def new_command() -> None:
+    """Forget the warnings of an earlier command run in this process (tests call main() many times)."""
+    _said.clear()
+
+
+def warning_said(message: str) -> None:
+    """Print eyas's warning as one `warning:` line on stderr, and keep it for the JSON object."""
+    _said.append(message)
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def print_json(obj: dict[str, Any]) -> None:
-    """`obj` as JSON that any parser reads (eyas.jsonsafe: NaN and infinities become null)."""
-    print(dumps(obj, indent=2))
+    """`obj` as JSON that any parser reads (eyas.jsonsafe: NaN and infinities become null), with the
+    warnings said on stderr so far as `stderr_warnings` where there were any."""
+    print(dumps({**obj, "stderr_warnings": list(_said)} if _said else obj, indent=2))
 
 
 def print_report(report: dict[str, Any], as_json: bool, for_people: Callable[[dict[str, Any]], str]) -> None:

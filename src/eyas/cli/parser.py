@@ -29,6 +29,7 @@ from eyas.cli.decoding import cmd_bench, cmd_generate
 from eyas.cli.doctor import cmd_doctor
 from eyas.cli.engines import cmd_serve_check
 from eyas.cli.examples import EXAMPLES
+from eyas.cli.output import warning_said
 from eyas.cli.measure import cmd_capture, cmd_eval, cmd_train
 from eyas.data.answers import ANSWER_ENGINES
 from eyas.dtypes import AUTO, choices
@@ -154,7 +155,7 @@ class _DeprecatedAlias(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        print(f"warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        warning_said(f"{option_string} is deprecated; use {self.new}")
         setattr(namespace, self.dest, values)
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from eyas.cli.output import warning_said
 from eyas.cli.outputs import apart, capture_out, draft_folder, output_file, output_folder, plot_format
 from eyas.errors import EyasError, FormatError
 
@@ -55,8 +55,8 @@ def sampling(args: argparse.Namespace) -> None:
     if getattr(args, "command", None) == "generate" and args.seed is not None:  # the one unseeded by default
         unused.append(f"--seed {args.seed}")
     if not temperature and unused:  # greedy: nothing is sampled, so nothing is cut
-        print(f"warning: {' and '.join(unused)} {'do' if len(unused) > 1 else 'does'} nothing at --temperature 0 "
-              "(greedy); pass a temperature to sample", file=sys.stderr)
+        warning_said(f"{' and '.join(unused)} {'do' if len(unused) > 1 else 'does'} nothing at --temperature 0 "
+                     "(greedy); pass a temperature to sample")
 
 
 def capture_layers(args: argparse.Namespace) -> None:
@@ -274,8 +274,8 @@ def _eval(a: argparse.Namespace) -> None:
     draft_room(a, {"--depth": a.depth, "--tree-depth": a.tree_depth}, {"--tree-top-k": a.tree_top_k})
     if a.data:
         if a.max_new_tokens is not None:
-            print(f"warning: --max-new-tokens {a.max_new_tokens} does nothing with --data: eval measures the "
-                  "cache's samples whole (the doctor cuts them)", file=sys.stderr)
+            warning_said(f"--max-new-tokens {a.max_new_tokens} does nothing with --data: eval measures the "
+                         "cache's samples whole (the doctor cuts them)")
         capture_folder(a.data, "--data", getattr(a, "data_format", None))
         if a.temperature:
             sampled_cache(a.data, getattr(a, "data_format", None))

@@ -40,7 +40,7 @@ from eyas.data.shards import (
 from eyas.devices import room_for_a_copy
 from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, EyasError, FormatError
-from eyas.interrupt import on_signals
+from eyas.interrupt import Guard, on_signals
 
 if TYPE_CHECKING:
     from eyas.target import Target
@@ -134,7 +134,7 @@ def capture(
         return _resume_note(out_dir, len(shards), -(-len(prompts) // shard_size))
 
     try:
-        with on_signals(note) if resumable else nullcontext():
+        with on_signals(note) if resumable else nullcontext() as guard:
             for k in todo:  # Ctrl-C / SIGTERM: finished shards stay, the one being captured is redone on resume
                 start, stop = k * shard_size, min((k + 1) * shard_size, len(prompts))
                 keep = [i for i in range(start, stop) if prompt_ids[i] is not None]
@@ -144,14 +144,25 @@ def capture(
                 for i, sample in zip(keep, samples):
                     _refuse_non_finite(target, prompts[i], sample)
                 entry = {"index": k, "file": shard_name(k), "prompts": [start, stop]}
+                _held(guard, True)  # a shard on disk is in the manifest and the note: a signal waits for both
                 shards[k] = write_shard(out_dir, entry, keep, samples, manifest["fingerprint"])
                 record_shards(out_dir, manifest, shards, complete=False)
+                _held(guard, False)
             bar.close()
             return record_shards(out_dir, manifest, shards, complete=True)
     except BaseException:
         if fresh and not shards:  # nothing to resume: leave no manifest that would refuse other arguments
             forget_capture(out_dir, made)
         raise
+
+
+def _held(guard: Guard | None, on: bool) -> None:
+    """Hold signals while a shard is written and recorded (`on`), then stop for one that came meanwhile."""
+    if guard is None:
+        return
+    guard.hold(on)
+    if not on and guard.pending is not None:
+        raise guard.stop()
 
 
 def _resume_note(out_dir: Path, finished: int, total: int) -> str:
