@@ -238,10 +238,14 @@ def train_run(args: argparse.Namespace) -> None:
     check_config(config)
     for folder in data_folders(config):
         capture_folder(folder, "--data")
+    init = None
     if config.init:
-        existing(config.init, "--init")
+        from eyas.drafter_loading import resolve_drafter
+
+        init = resolve_drafter(config.init, args.target)  # "default": the shipped draft, as eval --against reads it
+        existing(init, "--init")
     output_folder(config.out, "--out")
-    apart(config.out, "--out", {"--target": args.target, "--init": config.init,
+    apart(config.out, "--out", {"--target": args.target, "--init": init,
                                 **{f"--data {f}": f for f in data_folders(config)}})
     if config.resume:
         resumable(RunFiles.of(config.out))

@@ -42,7 +42,8 @@ class TrainConfig:
     target: str | None = _knob(None, "the target the data was captured from: its model folder, or the config.json "
                                      "inside it (default: the embedded default); never downloaded",
                                metavar="DIR_OR_CONFIG")
-    init: str | None = _knob(None, "start from this draft (a checkpoint folder eyas reads) instead of random weights: "
+    init: str | None = _knob(None, "start from this draft (a checkpoint folder eyas reads, or default: the draft eyas "
+                                   "ships for the target) instead of random weights: "
                                    "its weights and vocab map are kept; data, optimiser and schedule are new. It must "
                                    "fit the target and the data's capture layers. Not with --resume",
                              metavar="DRAFT")

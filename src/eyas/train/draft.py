@@ -19,6 +19,7 @@ from torch import Tensor
 from eyas.borrowed import borrowed
 from eyas.contract import DraftContract, contract_for_target
 from eyas.drafter import Drafter
+from eyas.drafter_loading import resolve_drafter
 from eyas.errors import ContractError
 from eyas.formats import read_checkpoint
 from eyas.target import check_fits, target_name, target_tensors
@@ -69,7 +70,8 @@ def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
                train_set: list[dict[str, Tensor]]) -> TrainDraft:
     """The draft in `config.init`, every weight and its vocab map kept, checked to fit the target
     and the data first (a ContractError names the first field that does not)."""
-    ckpt = read_checkpoint(config.init, verifier_config=tcfg, layer_convention=config.layer_convention)
+    init = resolve_drafter(config.init, config.target)  # "default": the draft eyas ships for the target
+    ckpt = read_checkpoint(init, verifier_config=tcfg, layer_convention=config.layer_convention)
     base = contract_for_target(tcfg, capture_layers=tuple(capture_layers), name=target_name(config.target))
     contract = _init_contract(ckpt.contract, base, config)
     check_fits(contract, tcfg)
