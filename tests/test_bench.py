@@ -287,6 +287,10 @@ def test_acceptance_pools_exactly_over_calls():
         [(chain, []), (chain, [])],
         [(tree, [2]), (tree, [1, 3]), (tree, []), (tree, [1, 3, 4])],
         [(chain, [1, 2]), (tree, [1])],
+        # depth 2 never accepted, tried once (an n-gram branch under a 1-token chain): a ratio of 0 hides
+        # how often it was tried; the rounds that stopped at depth 1 (4) are not it
+        [(DraftTree(torch.arange(3), [-1, 0, 1], [0, 1, 2]), [1])] + [(DraftTree(torch.arange(2), [-1, 0], [0, 1]),
+                                                                      [1])] * 3,
     ]
     runs, pooled = [], DecodeStats(3)
     for rounds in calls:

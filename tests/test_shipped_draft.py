@@ -9,6 +9,8 @@ import json
 import shutil
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 from test_doctor import CHECKPOINT_FAULTS as SMALL_FAULTS
 from test_doctor import _edit_configs, _set_ids, write_dump
 
@@ -84,7 +86,9 @@ DUMP_FAULTS = {  # slug -> (layers, shift, normed), as in test_doctor.py
     "normalized_features": (LAYERS, 0, True),
     "position_shift": (LAYERS, -1, False),
     "fc_skipped": ([N_LAYERS], 0, False),
+    "unmatched_features": (LAYERS, 0, False),  # its features then replaced by noise (NOISE)
 }
+NOISE = {"unmatched_features"}
 
 
 def test_every_slug_is_injected():
@@ -109,6 +113,11 @@ def test_doctor_names_a_fault_injected_into_the_shipped_draft(fault, shipped, st
 def test_doctor_names_an_engine_dump_fault_on_the_shipped_draft(slug, shipped, states, tmp_path):
     layers, shift, normed = DUMP_FAULTS[slug]
     dump = write_dump(states, tmp_path / "dump.safetensors", layers, shift=shift, normed=normed)
+    if slug in NOISE:  # features of the right width that are none of the target's states
+        t = load_file(dump)
+        t["features"] = torch.randn(t["features"].shape, generator=torch.Generator().manual_seed(0)).to(
+            t["features"].dtype)
+        save_file(t, dump)
     rep = diagnose(shipped, features=dump, capture=states, progress=False)
     first = rep["findings"][0] if rep["findings"] else {}
     assert (first.get("fault"), first.get("source")) == (slug, "engine dump"), format_report(rep)

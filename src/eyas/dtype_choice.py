@@ -31,7 +31,8 @@ import torch
 from eyas.decode import bf16_kernel, target_forward_ms
 from eyas.devices import on_gpu
 from eyas.dtypes import is_auto, short_name, to_dtype
-from eyas.machine import Contention, machine_key, quietest, read_measured, save_measured, say_if_busy, settled
+from eyas.machine import (Contention, machine_key, quietest, read_measured, runs_on, save_measured, say_if_busy,
+                          settled)
 from eyas.target import Target, target_name
 
 DECODE_DTYPES = (torch.bfloat16, torch.float32)  # what `eyas generate` and `eyas bench` decode in
@@ -119,7 +120,8 @@ def _measured(target: str | Path | None) -> tuple[dict, str]:
     ms = entry["forward_ms"]
     print(f"eyas: {entry['dtype']} is faster here (ms per forward over {', '.join(map(str, entry['sizes']))} "
           "new tokens: " + "; ".join(f"{d} " + " / ".join(f"{v:.1f}" for v in ms[d].values()) for d in ms)
-          + f"); measured in {time.perf_counter() - t0:.0f} s, cached in {path}", file=sys.stderr)
+          + f") on {runs_on(torch.device('cpu'))}; measured in {time.perf_counter() - t0:.0f} s, cached in {path}",
+          file=sys.stderr)
     say_if_busy(entry)
     if entry["busy"]:
         _THIS_RUN[str(key)] = entry

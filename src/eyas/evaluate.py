@@ -35,7 +35,7 @@ from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
 from eyas.devices import on_gpu
 from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
-from eyas.machine import bf16_dot_products
+from eyas.machine import bf16_dot_products, runs_on
 from eyas.sampled import alpha_measure, answer_depths, require_last_hidden, sampled_difference, sampled_report
 from eyas.shift import label_ids, shift_for_draft, shift_left
 from eyas.target import Target, TargetRef
@@ -375,7 +375,8 @@ def evaluate(
         warnings.warn(f"{len(longer)} sample(s) of {where} are longer than the target's context ({context} tokens; "
                       f"the longest {max(longer)}): their positions past it are measured, though no engine serves "
                       "them", stacklevel=2)
-    report["cost"] = {"device": str(ref.device), "dtype": str(dtype).removeprefix("torch."),
+    report["cost"] = {"device": str(ref.device), "runs_on": runs_on(ref.device),
+                      "dtype": str(dtype).removeprefix("torch."),
                       "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(seconds, 2),
                       "positions_per_s": round(report["tokens"] / seconds, 1) if seconds > 0 else None,
                       "target_tensors_read": list(ref.read)}

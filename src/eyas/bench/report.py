@@ -32,7 +32,8 @@ def git_commit() -> str | None:
     return top[1] if len(top) == 2 and Path(top[0]).resolve() / "src" / "eyas" == here else None
 
 
-def environment(dtype: torch.dtype) -> dict:
+def environment(dtype: torch.dtype, device: torch.device) -> dict:
+    """What the timings ran on and with: `device` is where the models ran (a GPU's name, or cpu)."""
     import transformers
 
     try:
@@ -44,7 +45,7 @@ def environment(dtype: torch.dtype) -> dict:
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
         "dtype": short_name(dtype),
-        "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "machine": platform.machine(),
         "cpu": cpu_model(),
         "cpu_class": cpu_class(),  # the kind of CPU, as tables name it
@@ -73,7 +74,8 @@ def format_bench(report: dict) -> str:
         (f"{report['num_prompts']} prompts ({report['prompt_set']}), max_new_tokens {report['max_new_tokens']}, "
          f"eyas in {report['dtype']} ({report.get('dtype_source', 'given')}), {env['threads']} threads, "
          f"torch {env['torch']}{ngram}; target {report['target']}"),
-        f"CPU: {env.get('cpu_class', '?')} ({env['cpu']}, {env['cpus']} CPUs)",
+        (f"GPU: {env['device']}; " if env.get("device", "cpu") != "cpu" else "")
+        + f"CPU: {env.get('cpu_class', '?')} ({env['cpu']}, {env['cpus']} CPUs)",
         (f"speedup: pooled tokens/s over hf_greedy's, and its 95% interval over resampled prompts{few}; per "
          "prompt: median [quartiles] of the prompts' ratios; cpu: the same pooled ratio in tokens per CPU second"),
         (f"{'method':<{w}} {'dtype':>5} {'tok/s':>7} {'speedup':>8} {'95%':>11} {'per prompt':>18} {'cpu':>6} "

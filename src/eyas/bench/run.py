@@ -143,7 +143,7 @@ def run_bench(
             for i, (it, ids) in enumerate(zip(items, prompt_ids))
         ],
         "sweep": sweep_report,
-        "environment": environment(dtype),
+        "environment": environment(dtype, next(target_model.model.parameters()).device),
     }
     report["speedup_terms"] = speedup_terms(report["methods"])
     if plot:

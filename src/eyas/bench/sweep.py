@@ -27,7 +27,7 @@ from eyas.bench.timing import eyas_runner, summary, time_interleaved
 from eyas.draft_shape import save_best_shape, shape_label
 from eyas.drafter import Drafter
 from eyas.dtypes import short_name
-from eyas.machine import Contention, quietest, say_if_busy
+from eyas.machine import Contention, quietest, runs_on, say_if_busy
 from eyas.target import Target
 
 SWEEP_CHAINS = tuple(range(1, 9))
@@ -77,7 +77,8 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
                if report["beats_target"] else
                f"no shape beat the target alone (best {shape_label(report['best'])} "
                f"{report['best_tokens_per_s']:.1f} tok/s): the draft is off")
-    print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s; took "
+    on = runs_on(next(target.model.parameters()).device)
+    print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s on {on}; took "
           f"{report['seconds']:.0f} s, cached in {report['cache']} (measured again by `eyas bench --sweep`)",
           file=sys.stderr)
     say_if_busy(report)

@@ -87,18 +87,9 @@ def _timed(run: Runner, ids: list[int], max_new_tokens: int, stops: set[int]) ->
 
 
 def depth_counts(stats: dict) -> tuple[list[int], list[int]]:
-    """(accepted, tried) per draft depth for one decode call, to pool acceptance over prompts.
-
-    decode reports the exact histogram `accept_counts` and the per-depth ratios accepted / tried.
-    accepted[j] (rounds that accepted depth j+1) = rounds that accepted more than j tokens; then
-    tried = accepted / ratio. A ratio of 0 hides tried: it is at most the rounds that stopped at
-    depth j, exactly that for chains (every round drafts a full chain except near max_new_tokens).
-    """
-    counts, ratios = stats["accept_counts"], stats["acceptance_by_depth"]
-    accepted = [sum(counts[j + 1 :]) for j in range(len(ratios))]
-    tried = [0 if r is None else counts[j] if r == 0 else round(a / r)
-             for j, (a, r) in enumerate(zip(accepted, ratios))]
-    return accepted, tried
+    """(accepted, tried) per draft depth for one decode call, to pool acceptance over prompts: the
+    counts decode keeps (a ratio alone hides how often a depth was tried)."""
+    return list(stats["accepted_by_depth"]), list(stats["tried_by_depth"])
 
 
 def spread(values: list[float]) -> dict:

@@ -90,7 +90,7 @@ def format_eval(rep: dict[str, Any]) -> str:
     lines.append(f"data: {data['format']} features, {data['path']}; {data['layers']}")
     lines.append(f"verdict: {describe(data['verdict'])}; answers: {data['answers']}")
     rate = "-" if cost["positions_per_s"] is None else f"{cost['positions_per_s']:.0f}"
-    lines.append(f"cost: {cost['seconds']:.1f} s on {cost['device']} ({cost['dtype']}), {rate} positions/s measured; "
+    lines.append(f"cost: {cost['seconds']:.1f} s on {cost['runs_on']} ({cost['dtype']}), {rate} positions/s measured; "
                  f"target tensors read: {', '.join(cost['target_tensors_read']) or 'none'}")
     return "\n".join(lines)
 

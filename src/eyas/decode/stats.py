@@ -1,7 +1,8 @@
 """What one `generate` call measured: accepted tokens per round, acceptance by depth, time by phase.
 
-The result carries the histogram of accepted tokens per round (`accept_counts`) beside the ratios,
-so that a benchmark can pool several calls exactly (eyas.bench.timing.summary).
+The result carries the histogram of accepted tokens per round (`accept_counts`) and the counts behind
+the per-depth ratios (`accepted_by_depth`, `tried_by_depth`), so that a benchmark can pool several
+calls exactly (eyas.bench.timing.summary).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class DecodeStats:
             "accept_counts": list(self.accept_counts),
             "tau": produced / rounds if rounds else None,
             "acceptance_by_depth": [a / t if t else None for a, t in zip(self.accepted, self.tried)],
+            "accepted_by_depth": list(self.accepted),  # the counts behind the ratios, to pool calls exactly
+            "tried_by_depth": list(self.tried),
             "ngram_accepted": self.ngram_accepted,
             "rounds": rounds,
             "new_tokens": new_tokens,
