@@ -388,5 +388,17 @@ def test_bf16_dot_products_need_the_flags_and_torch_allowed_to_use_them(monkeypa
     assert machine.bf16_dot_products()
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # ATEN_CPU_CAPABILITY=avx2
     assert not machine.bf16_dot_products() and machine.cpu_class().startswith("AVX2 (emulated")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")  # ATEN_CPU_CAPABILITY=default
+    assert not machine.bf16_dot_products() and machine.cpu_class().startswith("no vector set (emulated")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    for name in machine.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")  # oneDNN's bf16 products emulated; torch's dispatch is not capped
+    key = machine.machine_key()
+    assert not machine.bf16_dot_products() and machine.cpu_class().endswith(", oneDNN capped to AVX2")
+    assert key[-1] == {"ONEDNN_MAX_CPU_ISA": "avx2"}  # timings made under the cap are cached apart
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert machine.machine_key() == key[:-1] and machine.bf16_dot_products()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "fma"])  # a real AVX2-only CPU
     assert not machine.bf16_dot_products() and machine.cpu_class() == "AVX2 only"

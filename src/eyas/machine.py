@@ -66,11 +66,34 @@ def cpu_model() -> str:
     return info.get("model name") or info.get("Model") or platform.processor() or platform.machine()
 
 
+# Environment variables that cap the instruction sets kernels use below what the CPU has: torch's own
+# dispatch (read back by get_cpu_capability), oneDNN's (its bf16 products) and MKL's.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+# oneDNN ISA caps below its first bf16 dot-product level (avx512_core_bf16): bf16 products are emulated
+_ONEDNN_NO_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
+def isa_caps() -> dict[str, str]:
+    """The ISA caps set in the environment (ISA_CAPS), by name: they change which kernels run."""
+    return {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
+
+
+def _onednn_cap() -> str | None:
+    caps = isa_caps()
+    return (caps.get("ONEDNN_MAX_CPU_ISA") or caps.get("DNNL_MAX_CPU_ISA") or "").upper() or None
+
+
+def _dispatch_capped() -> bool:
+    """torch's dispatch capped to AVX2 or to no vector set at all on an x86 CPU (ATEN_CPU_CAPABILITY)."""
+    return platform.machine() in ("x86_64", "AMD64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT")
+
+
 def bf16_dot_products() -> bool:
     """Whether this CPU multiplies bf16 natively (x86 avx512_bf16 or AMX, Arm bf16) and torch may use it:
-    where it does not (AVX2-only CPUs, or torch capped to AVX2 as `cpu_class` says "emulated"), bf16
-    products are emulated and run several times slower than fp32."""
-    capped = platform.machine() in ("x86_64", "AMD64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT")
+    where it does not (AVX2-only CPUs, torch capped to AVX2 as `cpu_class` says "emulated", or oneDNN
+    capped below its bf16 level by ONEDNN_MAX_CPU_ISA), bf16 products are emulated and run several
+    times slower than fp32."""
+    capped = _dispatch_capped() or _onednn_cap() in _ONEDNN_NO_BF16
     return not capped and bool({"avx512_bf16", "amx_bf16", "bf16"} & set(cpu_flags()))
 
 
@@ -86,9 +109,12 @@ def cpu_class() -> str:
             else "AVX-512, no bf16 dot products"
     else:
         kind = "AVX2 only" if "avx2" in flags else "no AVX2"
-    if "avx512f" in flags and dispatch == "AVX2":
-        return f"AVX2 (emulated: torch capped to AVX2 on an {kind} CPU)"
-    return kind
+    onednn = "" if _onednn_cap() is None else f"oneDNN capped to {_onednn_cap()}"
+    if _dispatch_capped() and ("avx512f" in flags or dispatch == "DEFAULT"):
+        width = "AVX2" if dispatch == "AVX2" else "no vector set"
+        also = f", {onednn.replace(' capped', '')}" if onednn else ""
+        return f"{width} (emulated: torch capped to {dispatch}{also} on an {kind} CPU)"
+    return f"{kind}, {onednn}" if onednn else kind
 
 
 def runs_on(device: torch.device) -> str:
@@ -100,11 +126,13 @@ def runs_on(device: torch.device) -> str:
 
 
 def machine_key() -> list:
-    """[architecture, logical CPUs, instruction sets, the set torch dispatches to, torch threads]: what
-    a timing depends on here. The dispatched set differs from the CPU's flags when it is capped
-    (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU): then other kernels run, and other shapes win."""
-    return [platform.machine(), os.cpu_count(), cpu_flags(), torch.backends.cpu.get_cpu_capability(),
-            torch.get_num_threads()]
+    """[architecture, logical CPUs, instruction sets, the set torch dispatches to, torch threads, and the
+    ISA caps where any is set]: what a timing depends on here. The dispatched set differs from the CPU's
+    flags when it is capped (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU), and oneDNN's or MKL's own caps
+    change their kernels without changing it: then other kernels run, and other shapes win."""
+    key = [platform.machine(), os.cpu_count(), cpu_flags(), torch.backends.cpu.get_cpu_capability(),
+           torch.get_num_threads()]
+    return key + [isa_caps()] if isa_caps() else key  # uncapped: the key cached results were made under
 
 
 # --- measured results, cached per key -----------------------------------------------------------
