@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 from tqdm import tqdm
 
@@ -27,7 +26,7 @@ from eyas.doctor.capture import states_on
 from eyas.drafter_loading import load_drafter_and_config
 from eyas.data.values import check_ids
 from eyas.errors import FormatError
-from eyas.evaluate import check_slots, evaluate_samples
+from eyas.evaluate import check_slots, eval_dtype, evaluate_samples
 from eyas.shift import shift_left
 from eyas.target_ref import TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, describe, judged
@@ -36,9 +35,6 @@ if TYPE_CHECKING:
     from eyas.data.caches import CacheInfo, FeatureCache
     from eyas.target import Target
 
-# Acceptance on a cache as stored is `eyas eval --data`'s measurement: in its default dtype, which keeps
-# a DeepSeek-V3-sized draft with the target's embeddings and lm_head under 10 GB.
-EVAL_DTYPE = torch.bfloat16
 
 
 def open_for(path: str | Path, data_format: str | None, ref: TargetRef) -> FeatureCache:
@@ -158,9 +154,10 @@ def measure_on_cache(drafter: Path, cache: FeatureCache, ref: TargetRef, layer_c
     states at every layer), judged by the target's final norm and lm_head when the cache has the last state."""
     from eyas.data.caches import PRE_NORM
 
-    model, config = load_drafter_and_config(drafter, target=ref, layer_convention=layer_convention, dtype=EVAL_DTYPE)
+    dtype = eval_dtype("auto", ref.device)  # `eyas eval --data`'s measurement, in its default dtype for this machine
+    model, config = load_drafter_and_config(drafter, target=ref, layer_convention=layer_convention, dtype=dtype)
     check_slots(cache.info, model.contract.num_aux_layers, config, model.contract.capture_layers)
-    head = ref.head(EVAL_DTYPE) if cache.info.last_hidden else None
+    head = ref.head(dtype) if cache.info.last_hidden else None
     samples = judged(itertools.islice(cache, limit), head, normed=cache.info.last_hidden != PRE_NORM,
                      device=ref.device, vocab_size=ref.vocab_size, where=cache.info.path)
     rep = evaluate_samples(model, samples, None if head is None else head.lm_head, depth=5, tree_top_k=4, tree_depth=5,
