@@ -278,6 +278,23 @@ def test_text_stream_holds_back_partial_characters():
     assert cut == ["\ufffd"]
 
 
+def test_a_shape_given_is_timed_without_a_sweep(saved, tmp_path, monkeypatch):
+    """`--draft-tokens K` alone times chain k=K and the cached or default tree: no quick sweep (minutes)
+    for the shape not asked for; with neither given the sweep is measured as before."""
+    import eyas.bench.run as run_module
+
+    target, draft = saved
+    asked = []
+    monkeypatch.setattr(run_module, "measure_shape", lambda *a, **k: asked.append(1))
+    rep = run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=3, limit=1,
+                    draft_tokens=2, progress=False)
+    assert not asked and rep["shapes"]["eyas_chain"] == {"draft_tokens": 2}
+    assert rep["shapes"]["source"] == {"eyas_chain": "given", "eyas_tree": "default"}
+    run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=3, limit=1,
+              progress=False)
+    assert asked == [1]
+
+
 def test_acceptance_pools_exactly_over_calls():
     """Per-depth acceptance pooled over prompts equals the acceptance of all their rounds together."""
     chain = DraftTree(torch.arange(4), [-1, 0, 1, 2], [0, 1, 2, 3])

@@ -92,7 +92,7 @@ def run_bench(
         sweep_report["cache"] = str(save_sweep(target_model, drafter, dtype, sweep_report, prompts=len(items),
                                                max_new_tokens=max_new_tokens))
         say_if_busy(sweep_report)
-    elif draft_tokens is None or tree is None:
+    elif draft_tokens is None and tree is None:  # a shape given is timed as given, the other cached or default
         known = read_best_shape(target_model.name, drafter, dtype)
         if needs_sweep(known):
             sweep_report = measure_shape(target_model, draft, drafter, dtype, ngram_tokens=ngram_tokens, previous=known,
