@@ -292,6 +292,23 @@ def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
     assert (tmp_path / "work" / "shards").is_dir()
 
 
+def test_no_output_lands_inside_eyas_own_files(world, tmp_path, capsys, monkeypatch, no_loading):
+    """The installed package (the shipped drafts) and the embedded target's cache are every run's
+    defaults: a new file there is refused, whether or not the verb reads them."""
+    from eyas.drafter_loading import resolve_drafter
+    from eyas.embedded import EMBEDDED_DIR, cache_dir
+
+    t, d, prompts = world["target"], world["draft"], world["prompts"]
+    shipped = resolve_drafter(None)
+    refused(capsys, ["eval", d, "--prompts", prompts, "--plot", shipped / "p.png", "--target", t],
+            "(--plot) is inside eyas's installed package")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (cache_dir() / EMBEDDED_DIR).mkdir(parents=True)
+    refused(capsys, ["serve-check", d, "--prompts", prompts, "--dump", cache_dir() / EMBEDDED_DIR / "x.safetensors",
+                     "--target", t], "(--dump) is inside the embedded target's cache")
+    assert not (shipped / "p.png").exists()
+
+
 def test_no_output_lands_inside_a_feature_cache(world, tmp_path, capsys, no_loading):
     """A feature cache is read by listing its folder: a new file there (a plot named like a sample) would
     be read as one, so an output inside it is refused even where nothing exists yet."""

@@ -117,6 +117,21 @@ def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None
             raise EyasError(f"{out} ({flag}) {how} {given} ({name}): writing it would change an input",
                             f"choose a {flag} outside the verb's inputs")
     _in_a_cache(o, out, flag, resumes)
+    _in_eyas_own(o, out, flag)
+
+
+def _in_eyas_own(o: Path, out: str | Path, flag: str) -> None:
+    """Refuse an output inside eyas's own files: its installed package (the shipped drafts) or the
+    embedded target's cache. A new file there changes what every later run reads as the default."""
+    from importlib.resources import files
+
+    from eyas.embedded import EMBEDDED_DIR, cache_dir
+
+    for own, what in ((Path(str(files("eyas"))).resolve(), "eyas's installed package (the shipped drafts)"),
+                      ((cache_dir() / EMBEDDED_DIR).resolve(), "the embedded target's cache")):
+        if o == own or own in o.parents:
+            raise EyasError(f"{out} ({flag}) is inside {what}, {own}: writing there changes the defaults every "
+                            "run reads", f"choose a {flag} outside it")
 
 
 def _in_a_cache(o: Path, out: str | Path, flag: str, resumes: bool) -> None:
