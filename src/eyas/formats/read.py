@@ -211,9 +211,13 @@ def _parse_files(
                 _TRAINING_VOCAB if "target_vocab_size" in cfg else
                 "a target model's config goes to --target; a draft config needs one of those fields",
             )
-        parsed[name] = (
-            parse_speculators(cfg, name, n_target) if fmt == "speculators" else parse_eagle(cfg, name, n_target, conv)
-        )
+        try:
+            parsed[name] = (
+                parse_speculators(cfg, name, n_target) if fmt == "speculators" else parse_eagle(cfg, name, n_target, conv)
+            )
+        except EyasError as e:  # the parsers name the file alone: say which draft's it is (two may be in play)
+            said = str(e)
+            raise type(e)(f"{p}{said[len(name):]}" if said.startswith(f"{name}:") else said, e.hint) from None
         files[name], configs[name] = fmt, cfg
     return parsed, files, configs
 
