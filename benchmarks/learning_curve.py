@@ -4,7 +4,7 @@ Each log is one curve (`eyas.train.curve`); `--chain` places each log after the 
 time axis (a warm-started run continuing the previous draft). Prints the points as one JSON line.
 
     .venv/bin/python benchmarks/learning_curve.py src/eyas/drafts/smollm2-135m-instruct/train_log.jsonl \\
-        --cpus 2 --out src/eyas/drafts/smollm2-135m-instruct/heldout_tau.png
+        --out src/eyas/drafts/smollm2-135m-instruct/heldout_tau.png
     .venv/bin/python benchmarks/learning_curve.py runs/a/train_log.jsonl runs/b/train_log.jsonl --label a,b --out ab.png
 """
 

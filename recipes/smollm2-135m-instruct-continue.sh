@@ -2,12 +2,14 @@
 # Continue training the shipped draft on new captures: a warm start (`eyas train --init`) that keeps its
 # weights and vocab map, with a new optimiser, a lower peak lr and a fresh schedule, so accuracy
 # accumulates run after run instead of starting from scratch. The peak lr is the one the main run
-# ended at: warm starts at 3e-4 and 1e-3 first LOST held-out tau (benchmarks/README.md, "Training").
+# ended at: warm starts at 3e-4 and 1e-3 first LOST held-out tau (benchmarks/README.md, "Comparisons at
+# small CPU budgets").
 #
 #   bash recipes/smollm2-135m-instruct-continue.sh SHARDS [SHARDS ...]
 #
-# SHARDS are capture folders made with the main recipe's settings (recipes/smollm2-135m-instruct.sh,
-# step 1), on prompts the draft has not seen, e.g. ShareGPT prompts 3072..6143:
+# SHARDS are capture folders made with the settings INIT was trained on (the shipped draft: the GPU
+# recipe's capture, recipes/smollm2-135m-instruct-gpu.sh; the CPU-trained draft it replaced: the main
+# recipe's step 1, as below), on prompts the draft has not seen, e.g. ShareGPT prompts 3072..6143:
 #   eyas capture --prompts sharegpt --skip 3072 --limit 3072 --max-new-tokens 256 --max-length 512 \
 #     --skip-long --batch-size 16 --dtype bf16 --out shards-e
 #
@@ -33,7 +35,8 @@ MAX_LEN=${MAX_LEN:-512}
 SAVE_EVERY=${SAVE_EVERY:-100}
 EVAL_EVERY=${EVAL_EVERY:-300}
 EVAL_FRACTION=${EVAL_FRACTION:-0.02}
-INIT_CPUS=${INIT_CPUS:-2}  # CPU cores INIT's run used, for its log's curve (the shipped draft: 2 x 1 thread)
+INIT_CPUS=${INIT_CPUS:-2}  # CPU cores INIT's run used, for a log without device fields (the CPU-trained draft: 2 x 1
+# thread); a log that records its device (the shipped draft's: one GPU) needs none and ignores it
 export OMP_NUM_THREADS=1
 target=()
 [ -z "$TARGET" ] || target=(--target "$TARGET")
