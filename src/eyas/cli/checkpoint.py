@@ -220,7 +220,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from eyas.formats import convert_checkpoint
     from eyas.target import target_name
 
-    log(f"reading {args.src}")
+    if args.progress:
+        log(f"reading {args.src}")
     source, written = convert_checkpoint(
         args.src,
         args.dst,

@@ -86,16 +86,17 @@ def add_verifier_name(p: argparse.ArgumentParser) -> None:
                    help="the target's hub id to record as the verifier (vLLM serves it)")
 
 
-def add_progress(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+def add_progress(p: argparse.ArgumentParser, *, bar: bool = True) -> None:
+    """`--no-progress` on every verb, so one script passes it to all; `bar`: the verb shows one."""
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr" if bar else "no progress lines on stderr")
 
 
 def add_reading(p: argparse.ArgumentParser, *, progress: bool, what: str = "the report") -> None:
     """The tail of every verb that reads a draft: how to read its layer ids, and how to report."""
     add_layer_convention(p)
     add_json(p, what)
-    if progress:
-        add_progress(p)
+    add_progress(p, bar=progress)
 
 
 def add_dtype(p: argparse.ArgumentParser, what: str, *, auto: str | None = None) -> None:
@@ -209,6 +210,7 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument("--force", action="store_true", help="replace a DST that holds a draft and nothing else")
     add_json(p)
+    add_progress(p, bar=False)
 
 
 def _feature_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
