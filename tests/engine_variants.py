@@ -169,7 +169,8 @@ def four_layers(fmt: str):
 def four_layers_without_count(d: Path) -> Path:
     """The four-state speculators draft as speculators writes it: no transformer_layer_config.
     num_aux_hidden_states, so vLLM 0.32 sizes fc for 3 (vLLM #54526)."""
-    return _edit(four_layers("speculators")(d), lambda cfg: cfg["transformer_layer_config"].pop("num_aux_hidden_states"))
+    return _edit(four_layers("speculators")(d),
+                 lambda cfg: cfg["transformer_layer_config"].pop("num_aux_hidden_states"))
 
 
 def sliding_window(size: int):

@@ -22,6 +22,7 @@ reader of stdout that leaves early (`| head`) ends it quietly with 141, as SIGPI
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0)
         return int(e.code or 0)
     try:
-        with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings(), on_signals(lambda: _stopped(args)):
+        stopped = functools.partial(_stopped, args)  # what a signal's line says, built when one comes
+        with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings(), on_signals(stopped):
             warnings.showwarning = _warning_line(warnings.showwarning)
             code = args.func(args)
         sys.stdout.flush()  # a closed pipe fails here, where it is handled, not in the interpreter's exit

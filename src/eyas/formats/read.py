@@ -212,9 +212,8 @@ def _parse_files(
                 "a target model's config goes to --target; a draft config needs one of those fields",
             )
         try:
-            parsed[name] = (
-                parse_speculators(cfg, name, n_target) if fmt == "speculators" else parse_eagle(cfg, name, n_target, conv)
-            )
+            parsed[name] = (parse_speculators(cfg, name, n_target) if fmt == "speculators"
+                            else parse_eagle(cfg, name, n_target, conv))
         except EyasError as e:  # the parsers name the file alone: say which draft's it is (two may be in play)
             said = str(e)
             raise type(e)(f"{p}{said[len(name):]}" if said.startswith(f"{name}:") else said, e.hint) from None

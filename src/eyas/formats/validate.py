@@ -261,7 +261,8 @@ def complete_vocab_map(
     right shape whose values pass the rule is completed; anything else is left to vocab_map_problems.
     """
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
-    if d2t is None or tuple(d2t.shape) != (c.draft_vocab_size,) or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+    integer = d2t is not None and not d2t.dtype.is_floating_point and d2t.dtype != torch.bool
+    if not integer or tuple(d2t.shape) != (c.draft_vocab_size,):
         return tensors, []
     _, targets = _d2t_problems(d2t.cpu(), c.vocab_size)
     if targets is None or (t2d is not None and d2t.dtype == torch.int64):
