@@ -21,7 +21,7 @@ from eyas import dtype_choice
 from eyas.bench.timing import Run, spread, summary
 from eyas.contract import Verifier
 from eyas.data import eos_ids
-from eyas.decode import DecodeStats, DraftTree, bf16_kernel, generate
+from eyas.decode import DEFAULT_DRAFT_TOKENS, DecodeStats, DraftTree, bf16_kernel, generate
 from eyas.draft_shape import decode_shape, parse_tree, read_best_shape, save_best_shape
 from eyas.drafter_loading import load_drafter
 from eyas.dtype_choice import hf_dtypes, resolve_dtype
@@ -138,8 +138,9 @@ def test_run_bench_all_methods(saved, tmp_path):
     assert len(chain["acceptance_by_depth"]) == max(rep["shapes"]["eyas_chain"]["draft_tokens"], NGRAM_TOKENS)
     assert sum(chain["time_split"].values()) == pytest.approx(1.0)
     assert rep["shapes"]["source"] == {"eyas_chain": "default", "eyas_tree": "default"}
-    assert rep["shapes"]["generate"] == {"shape": None, "source": TO_MEASURE}  # generate would time shapes first
-    assert f"eyas generate decodes with a measured shape: {TO_MEASURE}" in format_bench(rep)
+    # no quick-sweep question fits this tiny target's context: generate times nothing and decodes the default
+    assert rep["shapes"]["generate"] == {"shape": {"draft_tokens": DEFAULT_DRAFT_TOKENS}, "source": "default"}
+    assert "eyas generate decodes with chain k=" in format_bench(rep)
     # per-prompt ratios to hf_greedy (run back to back): hf_greedy's own are all 1
     assert rep["methods"]["hf_greedy"]["per_prompt_speedup"] == {"median": 1.0, "q25": 1.0, "q75": 1.0}
     assert rep["methods"]["hf_greedy"]["speedup_ci95"] == pytest.approx([1.0, 1.0])
@@ -286,10 +287,13 @@ def test_a_shape_given_is_timed_without_a_sweep(saved, tmp_path, monkeypatch):
     target, draft = saved
     asked = []
     monkeypatch.setattr(run_module, "measure_shape", lambda *a, **k: asked.append(1))
+    monkeypatch.setattr(run_module, "quick_prompt_ids", lambda t: [[1, 2]])  # as if a sweep question fit it
     rep = run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=3, limit=1,
                     draft_tokens=2, progress=False)
     assert not asked and rep["shapes"]["eyas_chain"] == {"draft_tokens": 2}
     assert rep["shapes"]["source"] == {"eyas_chain": "given", "eyas_tree": "default"}
+    assert rep["shapes"]["generate"] == {"shape": None, "source": TO_MEASURE}  # generate would time shapes first
+    assert f"eyas generate decodes with a measured shape: {TO_MEASURE}" in format_bench(rep)
     run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=3, limit=1,
               progress=False)
     assert asked == [1]

@@ -101,8 +101,20 @@ def measure_shape(target: Target, draft: Drafter, drafter: str | Path, dtype: to
     """The quick sweep (eyas.bench.sweep.quick_sweep) on a few MT-bench questions (the copy-heavy set
     where MT-bench is not installed), run when no settled shape is cached (`previous`: one timed under
     load); its entry is cached. None: no question fits the target's context (nothing measured)."""
+    from eyas.bench.sweep import quick_sweep
+
+    ids = quick_prompt_ids(target)
+    if not ids:
+        return None
+    return quick_sweep(target, draft, drafter, dtype, ids, eos_ids(target), ngram_tokens=ngram_tokens,
+                       previous=previous, progress=progress)
+
+
+def quick_prompt_ids(target: Target) -> list[list[int]]:
+    """The quick sweep's prompts as the target's chat ids: those that fit its context with the sweep's
+    answer length (none for a target with a tiny context: then no sweep can run)."""
     from eyas.bench.prompts import bench_prompts
-    from eyas.bench.sweep import QUICK_PROMPTS, QUICK_TOKENS, quick_sweep
+    from eyas.bench.sweep import QUICK_PROMPTS, QUICK_TOKENS
 
     try:
         items = bench_prompts("mtbench", limit=QUICK_PROMPTS)
@@ -114,19 +126,17 @@ def measure_shape(target: Target, draft: Drafter, drafter: str | Path, dtype: to
             ids.append(chat_ids(target, it.prompt, max_new_tokens=QUICK_TOKENS))
         except EyasError:  # longer than a small target's context: left out
             continue
-    if not ids:
-        return None
-    return quick_sweep(target, draft, drafter, dtype, ids, eos_ids(target), ngram_tokens=ngram_tokens,
-                       previous=previous, progress=progress)
+    return ids
 
 
 def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtype, draft_tokens: int | None,
                  tree: tuple[int, int, int] | None, *, models: tuple[Target, Drafter] | None = None,
-                 progress: bool = False) -> tuple[dict, str]:
+                 timeable: bool = True, progress: bool = False) -> tuple[dict, str]:
     """(shape, where it came from) for one generation: the one given, else the sweep's best for this
     target / drafter / dtype / machine (with `models`, the loaded target and draft, measured now by
     `measure_shape` when none is cached or the cached one was timed under load; without them, the
-    empty shape and TO_MEASURE or TO_MEASURE_AGAIN), else the default chain. An empty shape decodes
+    empty shape and TO_MEASURE or TO_MEASURE_AGAIN, unless not `timeable`: no quick-sweep prompt fits the
+    target, so nothing would be measured), else the default chain. An empty shape decodes
     with the target alone: without a drafter, or when the sweep found no shape faster than the target alone."""
     if draft_tokens is not None or tree is not None:  # decode refuses both, or either without a drafter
         given = {"draft_tokens": draft_tokens, "tree": None if tree is None else list(tree)}
@@ -134,9 +144,9 @@ def choose_shape(target_name: str, drafter: str | Path | None, dtype: torch.dtyp
     if drafter is None:
         return {}, "none"
     cached, source = read_best_shape(target_name, drafter, dtype), "sweep cache"
-    if needs_sweep(cached) and models is None:  # the caller cannot measure: say that generate will
+    if needs_sweep(cached) and models is None and timeable:  # the caller cannot measure: say that generate will
         return {}, TO_MEASURE if cached is None else TO_MEASURE_AGAIN
-    if needs_sweep(cached) and models[1] is not None:
+    if needs_sweep(cached) and models is not None and models[1] is not None:
         source = MEASURED_NOW if cached is None else MEASURED_AGAIN
         # None: nothing measured (a provisional entry, timed under load, then still stands)
         cached = measure_shape(*models, drafter, dtype, previous=cached, progress=progress) or cached

@@ -29,7 +29,7 @@ from eyas.dtype_choice import DECODE_DTYPES, hf_dtypes, resolve_dtype
 from eyas.dtypes import AUTO, is_auto
 from eyas.dtypes import short_name, to_dtype
 from eyas.errors import EyasError
-from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, measure_shape
+from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, measure_shape, quick_prompt_ids
 from eyas.machine import quietest, say_if_busy
 from eyas.target import Target
 
@@ -99,7 +99,8 @@ def run_bench(
                                          progress=progress)
         if sweep_report is not None:
             sweep_report["quick"] = True
-    shapes = _shapes(target_model.name, drafter, dtype, draft_tokens, tree, sweep_report)
+    shapes = _shapes(target_model.name, drafter, dtype, draft_tokens, tree, sweep_report,
+                     timeable=bool(quick_prompt_ids(target_model)))
     hf_greedy_model, hf_lookup_model = (hf_models[baseline_dtypes[m][0]] for m in ("hf_greedy", "hf_prompt_lookup"))
     runners = {
         "hf_greedy": hf_runner(hf_greedy_model, stops, None),
@@ -152,8 +153,9 @@ def run_bench(
 
 
 def _shapes(target_name: str, drafter: str | Path, dtype: torch.dtype, draft_tokens: int | None,
-            tree: tuple[int, int, int] | None, sweep_report: dict | None) -> dict:
-    """The chain and tree to time, where each came from, and what `eyas generate` would decode with."""
+            tree: tuple[int, int, int] | None, sweep_report: dict | None, *, timeable: bool) -> dict:
+    """The chain and tree to time, where each came from, and what `eyas generate` would decode with
+    (`timeable`: whether any quick-sweep prompt fits the target, so that generate would time shapes)."""
     known = sweep_report or read_best_shape(target_name, drafter, dtype)
     found = (("quick sweep" if sweep_report.get("quick") else "sweep") if sweep_report
              else "sweep cache" if known else "default")
@@ -162,7 +164,7 @@ def _shapes(target_name: str, drafter: str | Path, dtype: torch.dtype, draft_tok
     if swept_ngram is not None and swept_ngram != known["ngram_tokens"]:  # faster with its own n-gram branch
         chain["ngram_tokens"] = swept_ngram
     tree_shape = {"tree": list(tree or (known["best_tree"] if known else DEFAULT_TREE))}
-    generate_shape, generate_source = choose_shape(target_name, drafter, dtype, None, None)
+    generate_shape, generate_source = choose_shape(target_name, drafter, dtype, None, None, timeable=timeable)
     return {"eyas_chain": chain, "eyas_tree": tree_shape,
             "source": {"eyas_chain": "given" if draft_tokens else found, "eyas_tree": "given" if tree else found},
             "generate": {"shape": generate_shape or None, "source": generate_source}}
