@@ -21,6 +21,7 @@ import eyas.data.answers as answers_module
 import eyas.data.capturing as capturing
 import eyas.decode.packed as packed_module
 import eyas.devices as devices
+from eyas.contract import default_capture_layers
 from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.data.prompts import _json_array_items
 from eyas.data.shards import MANIFEST, NORM_DIGEST, text_sha256
@@ -579,6 +580,9 @@ def test_prompt_longer_than_the_context_is_named(tmp_path, target):
 def test_capture_input_errors(tmp_path, target):
     with pytest.raises(ContractError, match=r"capture layers \[1, 9\]: \[9\] outside the target's 0..4"):
         capture(target, PROMPTS, [1, 9], tmp_path / "out", progress=False)
+    # the engines' default on this 4-layer target, (2, N//2, N-3) = [2, 2, 1], which train then refused
+    with pytest.raises(ContractError, match=r"capture layers \[2, 2, 1\]: not strictly increasing"):
+        capture(target, PROMPTS, default_capture_layers(4), tmp_path / "out", progress=False)
     with pytest.raises(EyasError, match="batch_size=0"):
         capture(target, PROMPTS, LAYERS, tmp_path / "out", batch_size=0, progress=False)
     with pytest.raises(EyasError, match="feature dtype 'int8'"):

@@ -108,6 +108,12 @@ def capture(
             f"capture layers {layers}: {bad or 'none given'} outside the target's 0..{target.num_layers}",
             f"{target.name} has {target.num_layers} decoder layers; index k is the input of layer k",
         )
+    if any(b <= a for a, b in zip(layers, layers[1:])):  # no draft reads them so, and train refuses the cache
+        raise ContractError(
+            f"capture layers {layers}: not strictly increasing",
+            f"pass increasing --capture-layers within 0..{target.num_layers} (the engines' default 2, N//2, N-3 "
+            "needs a target of 7 layers or more)",
+        )
     dtype = _feature_dtype(dtype)
     shard_size = max(shard_size, batch_size)
     if device is not None:
