@@ -653,6 +653,19 @@ def test_a_dump_that_matches_no_state_and_costs_acceptance_is_a_fault(healthy, s
     assert "unjudged" not in format_report(rep).splitlines()[0]
 
 
+def test_one_unmatched_chunk_that_costs_acceptance_is_a_fault(healthy, states, tmp_path):
+    """Noise in the last of three chunks: the other two match, yet the draft does worse on the dump."""
+    dump = write_dump(states, tmp_path / "dump.safetensors", LAYERS)
+    t = load_file(dump)
+    f, H = t["features"].clone(), t["features"].shape[1] // 3
+    f[:, 2 * H:] = torch.randn(f[:, 2 * H:].shape, generator=torch.Generator().manual_seed(0)).to(f.dtype)
+    save_file({**t, "features": f.contiguous()}, dump)
+    rep = diagnose(healthy, capture=states, features=dump, progress=False)
+    assert [c["identified"] for c in rep["dump"]["chunks"]] == [True, True, False]
+    assert rep["verdict"] == "faulty" and rep["findings"][0]["fault"] == "unmatched_features", format_report(rep)
+    assert "chunk [2] of features" in rep["findings"][0]["title"]
+
+
 def test_a_dump_that_matches_no_state_but_costs_nothing_stays_unjudged(healthy, states, tmp_path, monkeypatch):
     """Where the draft does as well on the unmatched features (here: the matcher made blind), the verdict
     stays OK and says the fed features are unjudged."""

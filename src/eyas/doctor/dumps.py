@@ -162,9 +162,11 @@ def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Ou
     if W != len(want) * H:
         return _width_findings(W, H, want, ckpt, finding, source)
     ok, out, got = [c for c in matches if c["identified"]], [], [c["layer"] for c in matches]
-    if not ok and before is not None and beats(paired_test(before, after), 1):
+    lost = [c["chunk"] for c in matches if not c["identified"]]
+    if lost and before is not None and beats(paired_test(before, after), 1):
         fed = "the cache holds" if source == CACHE else "the engine fed"
-        out.append(finding("unmatched_features", f"{fed} features that are none of the target's states, and the "
+        which = "features" if len(lost) == len(matches) else f"chunk{'s' * (len(lost) > 1)} {lost} of features"
+        out.append(finding("unmatched_features", f"{fed} {which} that are none of the target's states, and the "
                            f"draft does worse on them than on the layers it reads {list(want)}",
                            "pass the --target they came from (another model's features, or tokens not aligned "
                            "with them, match nothing); else the capture reads something other than the residual "

@@ -69,8 +69,11 @@ def format_report(report: dict[str, Any]) -> str:
     head = "OK: no fault found" if report["verdict"] == "ok" else f"FAULTY: {n} finding{'s' * (n != 1)}"
     chunks = (report["dump"] or {}).get("chunks") or []
     unjudged = not any(f["fault"] == "unmatched_features" for f in report["findings"])
-    if chunks and unjudged and not any(c["identified"] for c in chunks):  # the verdict says nothing about what was fed
-        head += "; the dump matches none of the target's states (see notes): what the engine fed is unjudged"
+    lost = [c["chunk"] for c in chunks if not c["identified"]]
+    if lost and unjudged:  # the verdict then says nothing about what was fed in those chunks
+        what = ("matches none of the target's states" if len(lost) == len(chunks)
+                else f"chunks {lost} match no target state")
+        head += f"; the dump {what} (see notes): what the engine fed is unjudged"
     lines = [f"eyas doctor {report['drafter']}: {head}", f"target: {report['target']}"]
     m = report["measured"]
     if m:
