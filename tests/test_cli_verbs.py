@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 import shutil
 import subprocess
 import sys
@@ -148,9 +149,11 @@ def test_capture_then_eval_and_train(target, draft, shards, prompts, tmp_path, c
                          "--no-progress", "--json")
     assert code == 0 and json.loads(out)["num_samples"] == 2 and "stderr_warnings" not in json.loads(out)
     assert "Loading weights" not in err and "capture" not in err  # no bar at all, transformers' included
-    code, out, err = run(capsys, "capture", "--target", target, "--prompts", prompts, "--out", tmp_path / "all",
-                         "--capture-layers", LAYERS, "--max-new-tokens", "3", "--limit", "99", "--dtype", "fp32",
-                         "--no-progress", "--json")  # fewer prompts than asked: said on stderr and in the object
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PYTHONWARNINGS=error: eyas's own warnings are still one line each
+        code, out, err = run(capsys, "capture", "--target", target, "--prompts", prompts, "--out", tmp_path / "all",
+                             "--capture-layers", LAYERS, "--max-new-tokens", "3", "--limit", "99", "--dtype", "fp32",
+                             "--no-progress", "--json")  # fewer prompts than asked: said on stderr and in the object
     said = f"--limit 99: {prompts} has {len(PROMPTS)} prompts; capturing those"
     assert code == 0 and json.loads(out)["stderr_warnings"] == [said] and f"warning: {said}" in err
 

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import sys
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def _read_file(kind: str) -> dict:
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        print(f"warning: ignoring the {kind} cache {path}: {e}", file=sys.stderr)
+        warnings.warn(f"ignoring the {kind} cache {path}: {e}", stacklevel=2)
         return {}
     return entries if isinstance(entries, dict) else {}
 

@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         stopped = functools.partial(_stopped, args)  # what a signal's line says, built when one comes
         with progress_bars(getattr(args, "progress", True)), warnings.catch_warnings(), on_signals(stopped):
             warnings.showwarning = _warning_line(warnings.showwarning)
+            # eyas's warnings are messages to the user: shown once each, whatever PYTHONWARNINGS says of others
+            warnings.filterwarnings("default", module=r"eyas(\.|$)")
             code = args.func(args)
         sys.stdout.flush()  # a closed pipe fails here, where it is handled, not in the interpreter's exit
         return code

@@ -28,8 +28,8 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -72,9 +72,9 @@ def _library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(out))
     except (OSError, subprocess.CalledProcessError) as e:
         why = getattr(e, "stderr", None) or str(e)
-        print(f"warning: eyas's bf16 kernel for AVX2 could not be built ({why.strip().splitlines()[-1]}); bf16 "
-              "products run on torch's kernels, which are slow over several rows on CPUs without bf16 dot products",
-              file=sys.stderr)
+        warnings.warn(f"eyas's bf16 kernel for AVX2 could not be built ({why.strip().splitlines()[-1]}); bf16 "
+                      "products run on torch's kernels, which are slow over several rows on CPUs without bf16 dot "
+                      "products", stacklevel=2)
         return None
     lib.bf16_weight_mm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                    ctypes.c_void_p]
