@@ -323,6 +323,9 @@ def test_no_output_lands_inside_a_feature_cache(world, tmp_path, capsys, no_load
             "data_9.ckpt (--plot) is inside", "(--data)")
     refused(capsys, ["train", "--data", cache, "--out", cache / "run", "--target", t], "(--out) is inside", "(--data")
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
+    # --init default is the shipped draft, which this tiny target has none of
+    refused(capsys, ["train", "--data", cache, "--out", tmp_path / "run", "--target", t, "--init", "default"],
+            f"--init default: eyas ships no draft for the target {t}")
 
 
 def test_no_output_lands_in_any_feature_cache(world, tmp_path, capsys, no_loading):

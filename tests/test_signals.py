@@ -155,7 +155,7 @@ def test_generate_stopped_mid_answer_ends_its_line(monkeypatch, capsys):
     assert main(["generate", "--prompt", "hi", "--no-progress"]) == 130
     out, err = capsys.readouterr()
     assert out == "The hawk\n"
-    assert err.splitlines()[-1] == "interrupted by SIGINT: stopped before the end; nothing was written"
+    assert err.splitlines()[-1] == "interrupted by SIGINT: stopped before the end; this command writes no output files"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

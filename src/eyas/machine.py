@@ -75,8 +75,10 @@ _ONEDNN_NO_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_C
 
 
 def isa_caps() -> dict[str, str]:
-    """The ISA caps set in the environment (ISA_CAPS), by name: they change which kernels run."""
-    return {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
+    """The ISA caps set in the environment (ISA_CAPS), by name: they change which kernels run (oneDNN's
+    ALL and DEFAULT cap nothing)."""
+    return {name: os.environ[name] for name in ISA_CAPS
+            if os.environ.get(name) and os.environ[name].upper() not in ("ALL", "DEFAULT")}
 
 
 def _onednn_cap() -> str | None:
@@ -110,12 +112,13 @@ def cpu_class() -> str:
             else "AVX-512, no bf16 dot products"
     else:
         kind = "AVX2 only" if "avx2" in flags else "no AVX2"
-    onednn = "" if _onednn_cap() is None else f"oneDNN capped to {_onednn_cap()}"
+    caps = isa_caps()
+    others = [f"{lib} capped to {caps[name].upper()}" for lib, name in (("oneDNN", "ONEDNN_MAX_CPU_ISA"),
+              ("oneDNN", "DNNL_MAX_CPU_ISA"), ("MKL", "MKL_ENABLE_INSTRUCTIONS")) if name in caps]
     if _dispatch_capped() and ("avx512f" in flags or dispatch == "DEFAULT"):
         width = "AVX2" if dispatch == "AVX2" else "no vector set"
-        also = f", {onednn.replace(' capped', '')}" if onednn else ""
-        return f"{width} (emulated: torch capped to {dispatch}{also} on an {kind} CPU)"
-    return f"{kind}, {onednn}" if onednn else kind
+        return f"{width} (emulated: torch capped to {dispatch}{''.join(', ' + o for o in others)} on an {kind} CPU)"
+    return ", ".join([kind, *others])
 
 
 def runs_on(device: torch.device) -> str:

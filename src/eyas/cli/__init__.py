@@ -55,7 +55,7 @@ def _stopped(args: argparse.Namespace) -> str:
     """What every verb says when stopped by SIGINT / SIGTERM (capture and train say how to resume)."""
     if any(getattr(args, name, None) for name in ("dst", "out", "plot", "dump")):
         return "stopped before the end; files are written whole or not at all, so none was left half-written"
-    return "stopped before the end; nothing was written"
+    return "stopped before the end; this command writes no output files"
 
 
 def _json_error(message: str, hint: str | None) -> None:

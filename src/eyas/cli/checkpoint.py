@@ -256,10 +256,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
         )
     else:
         completed = any(w["code"] in ("t2d_derived", "d2t_cast") for w in source.warnings)
-        print(
-            f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors "
-            f"bit-identical{' (the vocab map completed, as warned)' if completed else ''}, contract unchanged"
-        )
+        same = "the vocab map completed as warned, the others bit-identical" if completed else "bit-identical"
+        print(f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors {same}, "
+              "contract unchanged")
         for w in warnings + problems:
             print(f"warning: {text_of(w)}")
     return 0

@@ -242,7 +242,12 @@ def train_run(args: argparse.Namespace) -> None:
     if config.init:
         from eyas.drafter_loading import resolve_drafter
 
-        init = resolve_drafter(config.init, args.target)  # "default": the shipped draft, as eval --against reads it
+        try:  # "default": the shipped draft, as eval --against reads it
+            init = resolve_drafter(config.init, args.target)
+        except EyasError:
+            raise EyasError(f"--init default: eyas ships no draft for the target {args.target}",
+                            "--init default is the draft eyas ships for the target (SmolLM2-135M-Instruct only); "
+                            "pass a draft folder") from None
         existing(init, "--init")
     output_folder(config.out, "--out")
     apart(config.out, "--out", {"--target": args.target, "--init": init,

@@ -215,8 +215,9 @@ def _parse_files(
             parsed[name] = (parse_speculators(cfg, name, n_target) if fmt == "speculators"
                             else parse_eagle(cfg, name, n_target, conv))
         except EyasError as e:  # the parsers name the file alone: say which draft's it is (two may be in play)
-            said = str(e)
-            raise type(e)(f"{p}{said[len(name):]}" if said.startswith(f"{name}:") else said, e.hint) from None
+            said, hint = str(e), e.hint
+            hint = hint[: -len(name)] + str(p) if hint and hint.endswith(f" {name}") else hint
+            raise type(e)(f"{p}{said[len(name):]}" if said.startswith(f"{name}:") else said, hint) from None
         files[name], configs[name] = fmt, cfg
     return parsed, files, configs
 
