@@ -601,7 +601,7 @@ _Q = "layers.0.self_attn.q_proj.weight"
             r"layer type \(model_type\) is not qwen3",
         ),
         # (a valid d2t without t2d is completed on read: tests/test_vocab_map.py)
-        ({"t2d": None, "d2t": torch.full((64,), 250, dtype=torch.int64)}, "t2d", r"t2d is missing \(d2t is present\)"),
+        ({"t2d": None, "d2t": torch.full((64,), 250, dtype=torch.int64)}, "d2t", r"outside \[0, 256\)"),
         ({"d2t": None, "t2d": None}, "d2t", "there is no d2t/t2d"),
         ({"d2t": torch.full((64,), 250, dtype=torch.int64)}, "d2t", r"outside \[0, 256\)"),
         (

@@ -244,7 +244,7 @@ def vocab_map_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> li
             )
     if d2t is not None and tuple(d2t.shape) == (Vd,):
         found, targets = _d2t_problems(d2t.cpu(), V)
-        out += found
+        out = found + out  # a broken d2t first: a valid one alone would be read whole (complete_vocab_map)
     if t2d is not None and tuple(t2d.shape) == (V,):
         out += _t2d_problems(t2d.cpu(), Vd, targets)
     return out
