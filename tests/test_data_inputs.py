@@ -132,7 +132,7 @@ def test_skip_long_that_skips_every_prompt_writes_nothing(made, tmp_path, capsys
     src.write_text(LONG.text + "\n", encoding="utf-8")
     capsys.readouterr()
     assert main(["capture", "--target", str(folder), "--prompts", str(src), "--out", str(tmp_path / "b"),
-                 "--max-new-tokens", "4", "--skip-long", "--no-progress"]) == 2
+                 "--max-new-tokens", "4", "--skip-long", "--no-progress", "--capture-layers", "1,2,3"]) == 2
     assert "nothing to capture" in error_line(capsys)
     assert not (tmp_path / "b").exists()
 
