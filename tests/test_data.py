@@ -578,10 +578,10 @@ def test_prompt_longer_than_the_context_is_named(tmp_path, target):
 
 
 def test_capture_input_errors(tmp_path, target):
-    with pytest.raises(ContractError, match=r"capture layers \[1, 9\]: \[9\] outside the target's 0..4"):
+    with pytest.raises(ContractError, match=r"capture_layers \[1, 9\]: \[9\] outside the target's 0..4"):
         capture(target, PROMPTS, [1, 9], tmp_path / "out", progress=False)
     # the engines' default on this 4-layer target, (2, N//2, N-3) = [2, 2, 1], which train then refused
-    with pytest.raises(ContractError, match=r"capture layers \[2, 2, 1\]: not strictly increasing"):
+    with pytest.raises(ContractError, match=r"capture_layers \[2, 2, 1\] are not strictly increasing"):
         capture(target, PROMPTS, default_capture_layers(4), tmp_path / "out", progress=False)
     with pytest.raises(EyasError, match="batch_size=0"):
         capture(target, PROMPTS, LAYERS, tmp_path / "out", batch_size=0, progress=False)

@@ -293,6 +293,13 @@ def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
     assert (tmp_path / "work" / "shards").is_dir()
 
 
+def test_capture_without_layers_on_a_shallow_target_is_refused_before_it_loads(world, tmp_path, capsys, no_loading):
+    """The engines' default (2, N//2, N-3) on this 4-layer target is [2, 2, 1]: said from its config."""
+    refused(capsys, ["capture", "--prompts", world["prompts"], "--out", tmp_path / "out", "--target", world["target"]],
+            "the default capture layers (2, N//2, N-3) for 4 layers: capture_layers [2, 2, 1] are not strictly")
+    assert not (tmp_path / "out").exists()
+
+
 def test_no_output_lands_inside_eyas_own_files(world, tmp_path, capsys, monkeypatch, no_loading):
     """The installed package (the shipped drafts) and the embedded target's cache are every run's
     defaults: a new file there is refused, whether or not the verb reads them."""

@@ -17,6 +17,7 @@ original EAGLE `midlayer.*`, is one rename rule in `eyas.weights`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,24 +248,30 @@ def capture_layer_problems(c: DraftContract, num_target_layers: int) -> list[dic
                 _RECORD_IDS,
             )
         ]
-    bad = [k for k in c.capture_layers if not 0 <= k <= num_target_layers]
+    return layer_problems(c.capture_layers, num_target_layers)
+
+
+def layer_problems(layers: Sequence[int], num_target_layers: int) -> list[dict[str, str]]:
+    """The rule on capture layers, wherever they come from (a draft's contract, capture's flag or the
+    engines' default): each within 0..N, strictly increasing."""
+    bad = [k for k in layers if not 0 <= k <= num_target_layers]
     problems = []
     if bad:
         problems.append(
             finding(
                 "capture_layers_out_of_range",
                 IDS,
-                f"capture_layers {list(c.capture_layers)}: {bad} outside the target's "
+                f"capture_layers {list(layers)}: {bad} outside the target's "
                 f"0..{num_target_layers} (it has {num_target_layers} decoder layers)",
                 _RECORD_IDS,
             )
         )
-    if list(c.capture_layers) != sorted(set(c.capture_layers)):
+    if list(layers) != sorted(set(layers)):
         problems.append(
             finding(
                 "capture_layers_not_increasing",
                 IDS,
-                f"capture_layers {list(c.capture_layers)} are not strictly increasing: "
+                f"capture_layers {list(layers)} are not strictly increasing: "
                 "features are concatenated in this order, check it is the order the draft was trained on",
                 _RECORD_IDS,
             )

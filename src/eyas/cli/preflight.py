@@ -70,6 +70,23 @@ def capture_layers(args: argparse.Namespace) -> None:
                         "index k is the input of target layer k, e.g. --capture-layers 2,15,27")
 
 
+def default_layers(args: argparse.Namespace) -> None:
+    """Without --capture-layers, capture takes the engines' default (2, N//2, N-3), which a target under 7
+    layers cannot have in order: said from its config, before it loads."""
+    from eyas.cli.inputs import target_of
+    from eyas.contract import default_capture_layers, layer_problems
+    from eyas.target_ref import TargetRef
+
+    path = target_of(args, weights=True)
+    if args.capture_layers is not None or path is None:  # the embedded default has 30 layers
+        return
+    n = TargetRef.resolve(path, weights=False).num_layers
+    problems = layer_problems(default_capture_layers(n), n)
+    if problems:
+        raise EyasError(f"--target {args.target}: the default capture layers (2, N//2, N-3) for {n} layers: "
+                        f"{problems[0]['problem']}", f"pass --capture-layers a,b,c with 0 <= a < b < c <= {n}")
+
+
 def draft_room(args: argparse.Namespace, depths: dict[str, int | None], widths: dict[str, int | None]) -> None:
     """Drafts that fit the target: no chain, tree depth or tree budget (`depths`) of its context's length
     or more, no branching (`widths`) past its vocabulary. Said before anything loads: a 10^8-token chain
@@ -272,6 +289,7 @@ def _capture(a: argparse.Namespace) -> None:
     # an input is named as one before it is refused for holding other files
     apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
     capture_out(a.out)
+    default_layers(a)
 
 
 def _eval(a: argparse.Namespace) -> None:

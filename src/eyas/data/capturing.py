@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from eyas.atomic import make_folders
+from eyas.contract import layer_problems
 from eyas.data.answers import ANSWER_ENGINES, answer, pad_id
 from eyas.data.prompts import DEFAULT_EVAL_PROMPTS, Prompt
 from eyas.data.shards import (
@@ -102,18 +103,11 @@ def capture(
         )
     prompts = [p if isinstance(p, Prompt) else Prompt(p, f"prompt {i}", "<list>") for i, p in enumerate(prompts)]
     layers = [int(k) for k in capture_layers]
-    bad = [k for k in layers if not 0 <= k <= target.num_layers]
-    if not layers or bad:
-        raise ContractError(
-            f"capture layers {layers}: {bad or 'none given'} outside the target's 0..{target.num_layers}",
-            f"{target.name} has {target.num_layers} decoder layers; index k is the input of layer k",
-        )
-    if any(b <= a for a, b in zip(layers, layers[1:])):  # no draft reads them so, and train refuses the cache
-        raise ContractError(
-            f"capture layers {layers}: not strictly increasing",
-            f"pass increasing --capture-layers within 0..{target.num_layers} (the engines' default 2, N//2, N-3 "
-            "needs a target of 7 layers or more)",
-        )
+    # the one rule drafts are read by (a cache out of order is one train refuses): the first fault raises
+    problems = layer_problems(layers, target.num_layers) if layers else [{"problem": "no capture layers given"}]
+    if problems:
+        raise ContractError(problems[0]["problem"], f"pass --capture-layers a,b,c with 0 <= a < b < c <= "
+                            f"{target.num_layers} (index k is the input of layer k of {target.name})")
     dtype = _feature_dtype(dtype)
     shard_size = max(shard_size, batch_size)
     if device is not None:
