@@ -229,7 +229,7 @@ def test_capture_loads_the_target_onto_its_device_before_writing(sharded, tmp_pa
                         classmethod(lambda cls, spec, **kw: asked.append(kw.get("device")) or real(cls, spec, **kw)))
     monkeypatch.setattr("eyas.devices.free_bytes", lambda device: 1000)
     argv = ["capture", "--target", str(folder), "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "o"),
-            "--device", "cpu", "--max-new-tokens", "2", "--no-progress"]
+            "--device", "cpu", "--max-new-tokens", "2", "--no-progress", "--capture-layers", ",".join(map(str, LAYERS))]
     assert main(argv) == 2 and asked == ["cpu"]
     assert "needs about" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
