@@ -83,7 +83,7 @@ def test_a_shape_timed_under_load_is_timed_again_at_the_next_run(monkeypatch, ca
                 "results": [], "others_cpu_share": loads.pop(0)}
 
     monkeypatch.setattr(sweep_module, "sweep_shapes", fake_sweep)
-    target = SimpleNamespace(name="tiny", model=torch.nn.Linear(1, 1))  # the quick sweep names its device
+    target = SimpleNamespace(name="tiny", device=torch.device("cpu"))  # the quick sweep names its device
     monkeypatch.setattr(generate_module, "measure_shape", lambda t, d, drafter, dtype, previous=None, **kw:
                         sweep_module.quick_sweep(t, d, drafter, dtype, [[1]], [], ngram_tokens=0, previous=previous))
     models = (target, object())

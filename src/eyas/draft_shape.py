@@ -24,12 +24,12 @@ from eyas.errors import EyasError
 from eyas.machine import machine_key, read_measured, save_measured, settled
 
 
-def parse_tree(tree: str | Sequence[int] | None) -> tuple[int, int, int] | None:
-    """"depth,top_k,budget" (the --tree flag) or a 3-sequence -> a checked tuple (eyas.decode.loop.tree_shape);
-    None stays None."""
+def parse_tree(tree: str | Sequence[int] | None, what: str = "tree") -> tuple[int, int, int] | None:
+    """"depth,top_k,budget" (the --tree flag) or a 3-sequence -> a checked tuple (eyas.decode.loop.tree_shape,
+    its errors naming `what`); None stays None."""
     if tree is None:
         return None
-    return tree_shape(tree.split(",") if isinstance(tree, str) else tree)
+    return tree_shape(tree.split(",") if isinstance(tree, str) else tree, what)
 
 
 def shape_label(shape: dict) -> str:

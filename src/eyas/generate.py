@@ -218,7 +218,7 @@ def run_generate(
         "shape_source": source,
         "ngram_tokens": 0 if alone else shape.get("ngram_tokens", ngram_tokens),
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
-        "runs_on": runs_on(next(target_model.model.parameters()).device),
+        "runs_on": runs_on(target_model.device),
         "stats": stats,
     }
 

@@ -136,7 +136,8 @@ def machine_key() -> list:
     change their kernels without changing it: then other kernels run, and other shapes win."""
     key = [platform.machine(), os.cpu_count(), cpu_flags(), torch.backends.cpu.get_cpu_capability(),
            torch.get_num_threads()]
-    return key + [isa_caps()] if isa_caps() else key  # uncapped: the key cached results were made under
+    caps = isa_caps()
+    return key + [caps] if caps else key  # uncapped: the key cached results were made under
 
 
 # --- measured results, cached per key -----------------------------------------------------------

@@ -79,6 +79,11 @@ class Target:
                 "use a Llama-style decoder-only model (Llama, Qwen2/3, Mistral, ...)",
             )
 
+    @property
+    def device(self) -> torch.device:
+        """Where its first weights are (a model spread over GPUs starts there): what a speed is measured on."""
+        return next(self.model.parameters()).device
+
     @classmethod
     def load(cls, spec: str | Path | TargetRef | None = None, *, dtype: torch.dtype | None = None,
              device: str | torch.device | None = None) -> Target:

@@ -144,7 +144,7 @@ def run_bench(
             for i, (it, ids) in enumerate(zip(items, prompt_ids))
         ],
         "sweep": sweep_report,
-        "environment": environment(dtype, next(target_model.model.parameters()).device),
+        "environment": environment(dtype, target_model.device),
     }
     report["speedup_terms"] = speedup_terms(report["methods"])
     if plot:

@@ -77,8 +77,7 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
                if report["beats_target"] else
                f"no shape beat the target alone (best {shape_label(report['best'])} "
                f"{report['best_tokens_per_s']:.1f} tok/s): the draft is off")
-    on = runs_on(next(target.model.parameters()).device)
-    print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s on {on}; took "
+    print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s on {runs_on(target.device)}; took "
           f"{report['seconds']:.0f} s, cached in {report['cache']} (measured again by `eyas bench --sweep`)",
           file=sys.stderr)
     say_if_busy(report)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import warnings
 from typing import Any
 
 from eyas.cli import preflight
 from eyas.cli.inputs import capture_layers_of, drafter_of, target_of
-from eyas.cli.output import print_json, print_report
+from eyas.cli.output import print_json, print_report, warning_said
 from eyas.errors import EyasError
 
 # --- capture ------------------------------------------------------------------------------------
@@ -37,7 +36,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")
     if args.limit is not None and len(prompts) < args.limit:  # capturing fewer than asked is said, not hidden
         after = f" after --skip {args.skip}" if args.skip else ""
-        warnings.warn(f"--limit {args.limit}: {args.prompts} has {len(prompts)} prompts{after}; capturing those")
+        warning_said(f"--limit {args.limit}: {args.prompts} has {len(prompts)} prompts{after}; capturing those")
     dtype = to_dtype(args.dtype)
     # loaded onto --device, not moved there after: refused when too large for it, spread over GPUs
     target = Target.load(target_spec, dtype=dtype, device=args.device)

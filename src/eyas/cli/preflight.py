@@ -323,10 +323,7 @@ def _decoding(a: argparse.Namespace) -> None:
     at_least(a, 1, "max_new_tokens", "draft_tokens", "limit")
     at_least(a, 0, "top_k")
     sampling(a)
-    try:
-        shape = parse_tree(a.tree) or (None, None, None)
-    except EyasError as e:  # the library's rule, said of the flag ("tree 3,4,2: ..." -> "--tree 3,4,2: ...")
-        raise EyasError(f"--{e}", e.hint and e.hint.replace("e.g. tree ", "e.g. --tree ")) from None
+    shape = parse_tree(a.tree, "--tree") or (None, None, None)
     target(a, weights=True, whole=True)
     draft_room(a, {"--draft-tokens": a.draft_tokens, "--tree depth": shape[0], "--tree budget": shape[2]},
                {"--tree top_k": shape[1]})

@@ -45,23 +45,24 @@ def _prompt(input_ids, device: torch.device) -> Tensor:
     return ids.to(device)
 
 
-def tree_shape(tree: Sequence[int]) -> tuple[int, int, int]:
+def tree_shape(tree: Sequence[int], what: str = "tree") -> tuple[int, int, int]:
     """(depth, top_k, budget) checked: integers >= 1, and a budget of at least the depth. A node is kept
     only with its ancestors (scores fall along a path), so a budget b keeps nothing past depth b: the
-    levels beyond it would be drafted, each a draft forward, for no token ever verified."""
+    levels beyond it would be drafted, each a draft forward, for no token ever verified. `what` names
+    the shape in errors (the CLI's "--tree")."""
     try:
         shape = tuple(int(v) for v in tree)
     except (TypeError, ValueError):
         shape = ()
     if len(shape) != 3 or min(shape) < 1:
         shown = ",".join(map(str, tree)) if isinstance(tree, (list, tuple)) else repr(tree)
-        raise EyasError(f"tree {shown}: expected depth,top_k,budget, three integers >= 1", "e.g. tree 5,4,16")
+        raise EyasError(f"{what} {shown}: expected depth,top_k,budget, three integers >= 1", f"e.g. {what} 5,4,16")
     depth, top_k, budget = shape
     if budget < depth:
         levels = f"level {depth}" if depth == budget + 1 else f"levels {budget + 1}..{depth}"
-        raise EyasError(f"tree {depth},{top_k},{budget}: a budget of {budget} nodes keeps none past depth {budget}, "
-                        f"so {levels} would be drafted for nothing",
-                        f"use a budget of at least the depth, e.g. tree {depth},{top_k},{2 * depth}")
+        raise EyasError(f"{what} {depth},{top_k},{budget}: a budget of {budget} nodes keeps none past depth "
+                        f"{budget}, so {levels} would be drafted for nothing",
+                        f"use a budget of at least the depth, e.g. {what} {depth},{top_k},{2 * depth}")
     return shape
 
 

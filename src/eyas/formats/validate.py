@@ -262,10 +262,11 @@ def complete_vocab_map(
     """
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     integer = d2t is not None and not d2t.dtype.is_floating_point and d2t.dtype != torch.bool
-    if not integer or tuple(d2t.shape) != (c.draft_vocab_size,):
+    whole = t2d is not None and integer and d2t.dtype == torch.int64  # the common case: nothing to fill in
+    if whole or not integer or tuple(d2t.shape) != (c.draft_vocab_size,):
         return tensors, []
-    _, targets = _d2t_problems(d2t.cpu(), c.vocab_size)
-    if targets is None or (t2d is not None and d2t.dtype == torch.int64):
+    _, targets = _d2t_problems(d2t.cpu(), c.vocab_size)  # its findings are the validator's to report
+    if targets is None:
         return tensors, []
     out, said = dict(tensors), []
     if d2t.dtype != torch.int64:
