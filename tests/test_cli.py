@@ -199,6 +199,13 @@ def test_convert_then_check(tmp_path, ckpt, capsys):
     assert code == 0 and json.loads(out)["ok"] is True
 
 
+def test_check_without_a_draft_names_the_target_as_given(tmp_path, capsys):
+    """No draft and none shipped for a lone target config: the error names the file typed, not its folder."""
+    target = _write_json(tmp_path / "t" / "config.json", LLAMA31_8B_TARGET)
+    code, _, err = _run(capsys, "check", "--target", target)
+    assert code == 2 and f"eyas ships none for the target {target}\n" in err
+
+
 def test_convert_records_the_verifier(tmp_path, capsys):
     c = tiny_contract(capture_layers=None, verifier=Verifier())
     write_checkpoint(tmp_path / "ck", c, random_tensors(c), "eagle")  # no ids, no verifier: as EAGLE ships

@@ -56,7 +56,7 @@ def test_an_infinite_lr_on_the_command_line_is_one_line_exit_2(target_dir, captu
                          capture_output=True, text=True)
     assert run.returncode == 2, run.stderr
     assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == [
-        "error: invalid training settings: lr=inf (must be finite and > 0)"]
+        "error: invalid training settings: --lr inf (must be finite and > 0)"]
     assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
 
 
@@ -193,3 +193,16 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_and_cannot_be_resu
     (files.checkpoints / "step_00000001.pt").write_bytes(b"")
     with pytest.raises(EyasError, match=r"already holds a training run \(checkpoints\)"):
         refuse_old_run(files)
+
+
+def test_the_command_line_names_its_flags_not_the_fields(target_dir, captured, tmp_path):
+    """`--init x --resume` on the command line is refused in the words typed, not TrainConfig's."""
+    c = config(captured, tmp_path / "run", target_dir)
+    run = subprocess.run([sys.executable, "-m", "eyas", "train", *flags(c), "--init", "somewhere", "--resume",
+                          "--max-steps", "0", "--data", ""], env=env(), capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    error = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert error == ["error: invalid training settings: --max-steps 0 (must be >= 1); --data '' (a capture folder, "
+                     "or several joined by commas); --init somewhere with --resume (a resumed run continues from its "
+                     "checkpoint; pass one of them)"], run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()

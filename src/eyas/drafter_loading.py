@@ -35,7 +35,8 @@ def resolve_drafter(spec: str | Path | None, target: str | Path | TargetRef | No
     name = TargetRef.resolve(target, weights=False).name
     shipped = shipped_draft(name)
     if shipped is None:
-        raise EyasError(f"no draft given and eyas ships none for {name}",
+        given = target if isinstance(target, (str, Path)) and str(target) != "default" else name  # as typed
+        raise EyasError(f"no draft given and eyas ships none for the target {given}",
                         "pass a draft folder (eyas init DIR --target T makes an untrained one; eyas train trains one)")
     return shipped
 

@@ -252,7 +252,7 @@ def train_run(args: argparse.Namespace) -> None:
 
     target(args, weights=True)
     config = config_from_args(args)
-    check_config(config)
+    check_config(config, flags=True)
     for folder in data_folders(config):
         capture_folder(folder, "--data")
     init = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shlex
 import types
 import typing
 from collections.abc import Callable
@@ -115,7 +116,22 @@ _FLOAT_RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
 }
 
 
-def _float_problems(c: TrainConfig) -> list[str]:
+class _Namer:
+    """How a problem names a setting: `max_steps=0` to a Python caller, `--max-steps 0` on the command line,
+    so either reader sees the name they typed."""
+
+    def __init__(self, c: TrainConfig, flags: bool):
+        self.c, self.flags = c, flags
+
+    def __call__(self, name: str) -> str:
+        return "--" + name.replace("_", "-") if self.flags else name
+
+    def value(self, name: str) -> str:
+        value = getattr(self.c, name)
+        return f"{self(name)} {shlex.quote(str(value))}" if self.flags else f"{name}={value!r}"
+
+
+def _float_problems(c: TrainConfig, said: _Namer) -> list[str]:
     """Every float knob finite and in its range: an inf --lr, --weight-decay, --step-decay or --grad-clip
     passes `> 0`, trains without an error and exports a draft whose every weight is inf or nan."""
     bad = []
@@ -123,38 +139,41 @@ def _float_problems(c: TrainConfig) -> list[str]:
         if _flag_type(f.name) is float:
             value, (rule, ok) = getattr(c, f.name), _FLOAT_RANGES[f.name]
             if not (math.isfinite(value) and ok(value)):
-                bad.append(f"{f.name}={value} (must be finite and {rule})")
+                bad.append(f"{said.value(f.name)} (must be finite and {rule})")
     return bad
 
 
-def check_config(c: TrainConfig) -> None:
-    """Refuse impossible settings before anything is read or written, naming every one."""
-    bad = []
+def check_config(c: TrainConfig, flags: bool = False) -> None:
+    """Refuse impossible settings before anything is read or written, naming every one (as its command-line
+    flag where `flags`, else as the TrainConfig field)."""
+    said, bad = _Namer(c, flags), []
     for name in ("ttt_steps", "epochs", "batch_tokens", "num_hidden_layers", "keep_checkpoints"):
         if getattr(c, name) < 1:
-            bad.append(f"{name}={getattr(c, name)} (must be >= 1)")
+            bad.append(f"{said.value(name)} (must be >= 1)")
     if c.max_len < 2:
-        bad.append(f"max_len={c.max_len} (must be >= 2)")
-    if c.max_steps is not None and c.max_steps < 1:
-        bad.append(f"max_steps={c.max_steps} (must be >= 1)")
-    if c.draft_vocab is not None and c.draft_vocab < 1:
-        bad.append(f"draft_vocab={c.draft_vocab} (must be >= 1)")
-    bad += _float_problems(c)
+        bad.append(f"{said.value('max_len')} (must be >= 2)")
+    for name in ("max_steps", "draft_vocab"):
+        if getattr(c, name) is not None and getattr(c, name) < 1:
+            bad.append(f"{said.value(name)} (must be >= 1)")
+    bad += _float_problems(c, said)
     for name in ("save_every", "eval_every", "warmup"):
         if getattr(c, name) is not None and getattr(c, name) < 0:
-            bad.append(f"{name}={getattr(c, name)} (must be >= 0)")
+            bad.append(f"{said.value(name)} (must be >= 0)")
     if not data_folders(c):
-        bad.append(f"data={c.data!r} (a capture folder, or several joined by commas)")
+        bad.append(f"{said.value('data')} (a capture folder, or several joined by commas)")
     try:
         autocast_dtype(c), export_dtype(c)
     except EyasError:
-        bad.append(f"dtype={c.dtype!r}, export_dtype={c.export_dtype!r} (each bf16 or fp32)")
+        bad.append(f"{said.value('dtype')}, {said.value('export_dtype')} (each bf16 or fp32)")
     if c.init and c.resume:
-        bad.append(f"init={c.init!r} with resume (a resumed run continues from its checkpoint; pass one of them)")
+        bad.append(f"{said.value('init')} with {said('resume')} (a resumed run continues from its checkpoint; "
+                   "pass one of them)")
     if c.layer_convention and not c.init:
-        bad.append(f"layer_convention={c.layer_convention!r} without init (it says how to read --init's layer ids)")
+        bad.append(f"{said.value('layer_convention')} without {said('init')} (it says how to read the warm "
+                   "start's layer ids)")
     if bad:
         raise EyasError("invalid training settings: " + "; ".join(bad),
+                        "fix the settings named above" if flags else
                         "fix the settings named above: each is the flag of that name with dashes (max_steps is "
                         "--max-steps)")
 
