@@ -164,6 +164,7 @@ DISAGREE = {  # code: an edit of the flat config.json beside an unchanged config
     "config_files_disagree_eps_rounding": {"rms_norm_eps": 1.0000001e-6},
     "config_files_disagree_context": {"max_position_embeddings": 2048},
     "config_files_disagree_verifier": {"verifier": {"name_or_path": "other/model", "architectures": []}},
+    "config_files_disagree_embed_scale": {"embed_scale": 8.0},  # a reader that honoured it would scale
 }
 
 

@@ -787,6 +787,30 @@ def test_a_scaled_embedding_is_warned(tmp_path, fields, said):
         assert len(found) == 1 and said in found[0]
 
 
+@pytest.mark.parametrize("fields", [{"embed_scale": 8.0}, {"target_model_type": "gemma3_text"},
+                                    {"embed_scale": 1.0, "target_model_type": "gemma3_text"}])
+def test_a_trainers_embedding_scale_survives_every_conversion(tmp_path, fields):
+    """SpecForge's embed_scale and target_model_type are kept (contract embed_scale, verifier.model_type) and
+    written again into every format, so each output warns as its source did, and a stated 1 stays unscaled."""
+    c = tiny_contract()
+    src = tmp_path / "src"
+    write_checkpoint(src, c, random_tensors(c), "eagle")
+    (src / "config.json").write_text(json.dumps({**eagle_config(c), **fields}))
+
+    def scaled(path):
+        return [w["field"] for w in read_checkpoint(path).warnings if w["code"] == "embed_scale_ignored"]
+    source = read_checkpoint(src)
+    assert (source.contract.embed_scale, source.contract.verifier.model_type) == (
+        fields.get("embed_scale"), fields.get("target_model_type"))
+    hops = [("speculators", "s"), ("eagle", "e"), ("both", "b")]
+    for to, name in hops:
+        _, written = convert_checkpoint(src if name == "s" else tmp_path / "s", tmp_path / name, to)
+        assert written.contract == source.contract.replace(verifier=written.contract.verifier)
+        assert written.contract.verifier.model_type == source.contract.verifier.model_type
+        assert scaled(tmp_path / name) == scaled(src) * (2 if to == "both" else 1), to  # each file says it
+        assert not read_checkpoint(tmp_path / name).disagreements
+
+
 def test_a_config_led_by_a_byte_order_mark_is_refused_with_its_own_hint(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("\ufeff" + json.dumps(eagle_config(tiny_contract())), encoding="utf-8")

@@ -73,6 +73,9 @@ CODES: dict[str, Code] = {
     ),
     "config_files_disagree_context": _warning(None, "the config files state different max_position_embeddings"),
     "config_files_disagree_verifier": _warning(None, "the config files name different verifiers"),
+    "config_files_disagree_embed_scale": _warning(
+        None, "the config files state different trainer embedding scales (no engine applies one)"
+    ),
     # --- weights and tensors against the contract (eyas.formats.read, eyas.formats.validate) ---
     "weights_missing": _problem(None, "the folder holds no weights file"),
     "weights_layouts_several": _warning(None, "weights in more than one layout: readers load different ones"),

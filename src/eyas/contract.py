@@ -68,6 +68,9 @@ class Verifier:
     num_hidden_layers: int | None = None  # known only from a verifier config or a target
     hidden_size: int | None = None
     vocab_size: int | None = None
+    # the target's model_type as the draft's trainer recorded it (SpecForge's `target_model_type`); a Gemma
+    # type says its trainer may have scaled the draft's embeddings (eyas.formats.specforge)
+    model_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,10 @@ class DraftContract:
     has_vocab_map: bool = False  # d2t and t2d present
     has_lm_head: bool = True  # False: a full-vocab draft without lm_head.weight reads the target's lm_head
     num_aux_layers: int | None = None  # chunks fc reads; defaults to len(capture_layers)
+    # the factor the draft's trainer multiplied its token embeddings by, as its config states it (SpecForge's
+    # `embed_scale`); None: not stated. No engine's EAGLE-3 draft applies it, nor eyas: it is kept so every
+    # config eyas writes says it again (eyas.formats.specforge warns)
+    embed_scale: float | None = None
     verifier: Verifier = field(default_factory=Verifier)
     # the part of the draft eyas has no code for (a mixture-of-experts MLP, latent attention, ...), named
     # for the user; None: eyas runs it. Such a draft is read and checked, never run (eyas.drafter_checks)

@@ -97,8 +97,12 @@ def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]
         ver += f" {v['architectures']}"
     if v["num_hidden_layers"] is not None:
         ver += f", {v['num_hidden_layers']} layers, hidden {v['hidden_size']}, vocab {v['vocab_size']}"
+    if v.get("model_type"):
+        ver += f"; model_type {v['model_type']} (target_model_type)"
     norms = " ".join(f"{k}={_yes(c[k])}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
     embeddings = "own embed_tokens" if c["has_embeddings"] else "none (the target's are used)"
+    if c.get("embed_scale") not in (None, 1):
+        embeddings += f"; trained scaled by embed_scale {c['embed_scale']:g} (served unscaled)"
     lm_head = "own" if c["has_lm_head"] else "none (the target's is used)"
     return [
         ("layer", layer),

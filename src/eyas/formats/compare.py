@@ -46,6 +46,8 @@ DISAGREEMENT_CODES: dict[str, str] = {
     "max_position_embeddings": "config_files_disagree_context",
     "verifier_name": "config_files_disagree_verifier",
     "verifier_architectures": "config_files_disagree_verifier",
+    "verifier_model_type": "config_files_disagree_verifier",
+    "embed_scale": "config_files_disagree_embed_scale",
 }
 _IN_FILE = {"capture_layers": IDS, "layer_type": "model_type"}  # contract field -> the key a file writes
 _EPS_DIGITS = 6  # epsilons equal to this many significant digits are the same number, printed differently
@@ -114,7 +116,7 @@ def disagreements(parsed: dict[str, Parsed], used: str, conv: str | None) -> lis
             a, b = p.fields[key], ref.fields[key]
             if (key in p.assumed and key in ref.assumed) or _canonical(key, a) == _canonical(key, b):
                 continue
-            if key in ("verifier_name", "verifier_architectures") and not (a and b):
+            if key.startswith("verifier_") and not (a and b):
                 continue
             text = f"{name} and {used} disagree on {key}: {a!r} ({p.origin[key]}) vs {b!r} ({ref.origin[key]})"
             silent = name if key in p.assumed else used if key in ref.assumed else None

@@ -57,6 +57,13 @@ def _flags(c: DraftContract) -> dict[str, bool]:
     return {flag: getattr(c, flag) for flag in NORM_FLAGS}
 
 
+def _trainer_fields(c: DraftContract) -> dict[str, Any]:
+    """SpecForge's record of a scaled embedding, where the source had it (eyas.formats.specforge): top-level
+    fields in either format, which the engines' readers ignore, so a re-read warns as the source did."""
+    return ({"embed_scale": c.embed_scale} if c.embed_scale is not None else {}) | (
+        {"target_model_type": c.verifier.model_type} if c.verifier.model_type else {})
+
+
 def speculators_config(c: DraftContract, dtype: str | None = None) -> dict[str, Any]:
     """The speculators `config.json` for `c`: every flag explicit, no top-level model_type, no auto_map."""
     return {
@@ -77,6 +84,7 @@ def speculators_config(c: DraftContract, dtype: str | None = None) -> dict[str, 
         "target_hidden_size": c.target_hidden_size,
         IDS: None if c.capture_layers is None else list(c.capture_layers),
         **_flags(c),
+        **_trainer_fields(c),
         "embed_requires_grad": False,
         "tie_word_embeddings": False,
         **({"dtype": dtype} if dtype else {}),
@@ -116,6 +124,7 @@ def eagle_config(c: DraftContract, dtype: str | None = None) -> dict[str, Any]:
         **({IDS: list(c.capture_layers)} if c.capture_layers is not None else {}),
         **_flags(c),
         "eagle_config": {**nested, "use_aux_hidden_state": True, **_flags(c)},
+        **_trainer_fields(c),
         **({"torch_dtype": dtype} if dtype else {}),
     }
     if c.verifier.name_or_path or c.verifier.architectures:

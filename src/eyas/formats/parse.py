@@ -209,6 +209,7 @@ def parse_speculators(cfg: dict, file: str, n_target: int | None) -> Parsed:
             "write norm_before_residual explicitly (eyas convert writes every norm flag)",
         )
     _speculators_verifier(p, cfg)
+    _read_embedding_scale(p, cfg)
     return _finish(p)
 
 
@@ -236,9 +237,22 @@ def _layer_source(cfg: dict) -> tuple[dict, str]:
     return cfg, ""
 
 
+def _read_embedding_scale(p: Parsed, cfg: dict) -> None:
+    """SpecForge's `embed_scale` and `target_model_type` (eyas.formats.specforge), read from either format
+    (eyas writes them into both): kept in the contract, and a scaled embedding warned."""
+    p.read(cfg, "embed_scale", positive, default=None)
+    target_type = cfg.get("target_model_type")
+    if target_type is not None:
+        target_type = text(p.file, "target_model_type", target_type)
+    p.set("verifier_model_type", target_type, f"{p.file}: target_model_type" if target_type else "not recorded",
+          assumed=target_type is None)
+    if (scaled := embed_scale(p.fields["embed_scale"], target_type, p.fields["hidden_size"])) is not None:
+        p.warn("embed_scale_ignored", scaled[0], f"{p.file}: {scaled[1]}", SCALED_FIX)
+
+
 def _read_specforge_fields(p: Parsed, cfg: dict) -> None:
     """A SpecForge branch's own fields (eyas.formats.specforge): use_aux_norm is fc_norm under another
-    name; a scaled embedding is warned."""
+    name."""
     aux = use_aux_norm(p.file, cfg)
     if aux is not None and "fc_norm" in p.assumed:
         p.set("fc_norm", aux, f"{p.file}: use_aux_norm (SpecForge's earlier name of fc_norm)")
@@ -247,8 +261,6 @@ def _read_specforge_fields(p: Parsed, cfg: dict) -> None:
             f"{p.file}: field 'fc_norm' is {str(p.fields['fc_norm']).lower()} but 'use_aux_norm' is {str(aux).lower()}",
             "make them agree (use_aux_norm is SpecForge's earlier name of fc_norm)",
         )
-    if (scaled := embed_scale(p.file, cfg, p.fields["hidden_size"])) is not None:
-        p.warn("embed_scale_ignored", scaled[0], f"{p.file}: {scaled[1]}", SCALED_FIX)
 
 
 # ModelOpt's eagle_config layout keys: EAGLE-3's own values, and the part a draft lacks or adds otherwise
@@ -385,6 +397,7 @@ def parse_eagle(cfg: dict, file: str, n_target: int | None, layer_convention: st
         )
     _read_modelopt_layout(p, ec)
     _read_specforge_fields(p, cfg)
+    _read_embedding_scale(p, cfg)
     _eagle_capture(p, cfg, ec, n_target, layer_convention)
     ver = cfg.get("verifier")  # written by eyas; not part of the EAGLE schema
     if ver is None:

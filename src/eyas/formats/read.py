@@ -288,7 +288,7 @@ def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[s
     `tensors` None: not read; embeddings are then assumed absent and a reduced vocab assumed mapped.
     """
     f = {k: v for k, v in p.fields.items() if not k.startswith("verifier_")}
-    for k in ("verifier_name", "verifier_architectures"):
+    for k in ("verifier_name", "verifier_architectures", "verifier_model_type"):
         origin.pop(k, None)
     if tensors is not None:
         f["has_embeddings"] = "embed_tokens.weight" in tensors
@@ -318,6 +318,7 @@ def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[s
         num_hidden_layers=facts.get("num_hidden_layers"),
         hidden_size=facts.get("hidden_size"),
         vocab_size=facts.get("vocab_size"),
+        model_type=p.fields.get("verifier_model_type"),  # the checkpoint's word only: a Gemma type warns
     )
     try:
         return DraftContract(**f, verifier=verifier)

@@ -7,13 +7,16 @@
 - `embed_scale`, or `target_model_type` naming a Gemma target: the draft's token embeddings are
   multiplied by it (by sqrt(hidden_size) for Gemma) in training. No engine's EAGLE-3 draft scales them,
   nor does eyas, which runs drafts as the engines do: such a draft is served on other embeddings.
+  eyas keeps both fields (contract `embed_scale`, `verifier.model_type`) and writes them again, in either
+  format (vLLM's speculators reader ignores top-level fields it does not know), so a converted draft is
+  warned as its source was.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from eyas.formats.values import flag, positive, show
+from eyas.formats.values import flag, show
 
 SCALED_FIX = "if the draft was trained on scaled embeddings, retrain it unscaled for serving"
 
@@ -23,15 +26,17 @@ def use_aux_norm(file: str, cfg: dict[str, Any]) -> bool | None:
     return None if cfg.get("use_aux_norm") is None else flag(file, "use_aux_norm", cfg["use_aux_norm"])
 
 
-def embed_scale(file: str, cfg: dict[str, Any], hidden_size: int) -> tuple[str, str] | None:
-    """(field, why) when the trainer scaled the token embeddings, or may have; None when it did not."""
-    scale, target_type = cfg.get("embed_scale"), cfg.get("target_model_type")
+def embed_scale(scale: float | None, target_type: str | None, hidden_size: int) -> tuple[str, str] | None:
+    """(field, why) when the trainer scaled the token embeddings, or may have; None when it did not.
+
+    `scale` and `target_type` as the config states them (`embed_scale`, `target_model_type`); a stated
+    scale of 1 says unscaled whatever the target."""
     if scale is not None:
-        if positive(file, "embed_scale", scale) == 1:
+        if scale == 1:
             return None
         why = f"embed_scale {show(scale)}: its trainer multiplied the draft's token embeddings by it"
         return "embed_scale", why + _UNSCALED
-    if isinstance(target_type, str) and "gemma" in target_type.lower():
+    if target_type is not None and "gemma" in target_type.lower():
         why = (f"target_model_type {target_type!r}: the trainer that writes it multiplied a Gemma target's draft's "
                f"token embeddings by sqrt(hidden_size) = {hidden_size ** 0.5:.1f} in some versions "
                "(eyas.formats.specforge)")

@@ -128,7 +128,7 @@ def _init_contract(init: DraftContract, base: DraftContract, config: TrainConfig
             raise ContractError(f"{where}: the draft's {field} is {getattr(init, field)}, the run asks for "
                                 f"{flag}={value}", f"drop --{flag.replace('_', '-')}: a warm start keeps the "
                                 "draft's architecture and vocab")
-    return init.replace(verifier=base.verifier)
+    return init.replace(verifier=base.verifier, embed_scale=None)  # eyas trains on the embeddings engines serve
 
 
 def _asked(config: TrainConfig) -> list[tuple[str, str, Any]]:
