@@ -82,6 +82,23 @@ def test_a_diverged_run_without_a_checkpoint_leaves_its_folder_as_it_was(target_
     assert train(config(captured, out, target_dir, max_steps=1))["steps"] == 1  # not refused as an old run
 
 
+@pytest.mark.parametrize("crash", [RuntimeError("out of memory"), KeyboardInterrupt()])
+def test_a_crash_before_the_first_checkpoint_leaves_the_folder_as_it_was(target_dir, captured, tmp_path,
+                                                                         monkeypatch, crash):
+    """Any failure, not only eyas's own errors: what the run wrote goes, and a rerun is not refused."""
+    import eyas.train.loop as loop
+
+    def crashed(*args, **kwargs):
+        raise crash
+    out = tmp_path / "new" / "run"
+    with monkeypatch.context() as m:
+        m.setattr(loop, "forward_backward", crashed)
+        with pytest.raises(type(crash)):
+            train(config(captured, out, target_dir, max_steps=2, save_every=1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert train(config(captured, out, target_dir, max_steps=1))["steps"] == 1
+
+
 def test_a_diverged_run_keeps_what_a_checkpoint_was_written_for(target_dir, captured, tmp_path):
     out = tmp_path / "run"
     with pytest.raises(EyasError, match="diverged at step 2"):

@@ -116,7 +116,8 @@ class _Run:
                 self.build_optimiser()
                 self.step_loop()
                 return self.export() if self.main else None
-        except EyasError:  # a full disk at the first checkpoint: nothing to resume, the folder as it was
+        except BaseException:  # a full disk, a crash or Ctrl-C before the first checkpoint: nothing to resume,
+            # the folder as it was (a run that saved one keeps it, and its log, to resume from)
             if self.main and getattr(self, "good_checkpoint", None) is None and hasattr(self, "made"):
                 forget_run(self.files, self.made)
             raise
