@@ -332,3 +332,26 @@ def test_qwen3_layer_only_loads_in_speculators_format(tmp_path):
 
 def test_the_embedded_default_is_a_target(tmp_path):
     assert target_config("default")["num_hidden_layers"] == 30  # SmolLM2-135M-Instruct, read offline
+
+
+def test_the_engine_that_serves_the_draft_grades_its_mismatches_as_problems(tmp_path, target):
+    """A speculators config without norm_before_residual: vLLM wires True where the contract says False.
+    A warning for any engine; with --engine vllm a problem (exit 1); speculators itself reads False; SGLang
+    does not read the format at all, which --engine sglang says as its one problem."""
+    c = tiny_contract(capture_layers=(2, 3, 5))
+    folder = _ck(tmp_path, capture_layers=(2, 3, 5))
+    cfg = speculators_config(c)
+    del cfg["norm_before_residual"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    anyone = check_checkpoint(folder, target=target)
+    vllm = [w for w in anyone.warnings if w["code"] == "consumer_norm_flags"]
+    assert anyone.ok and [text_of(w) for w in vllm] == ["vllm: uses norm_before_residual=True, the contract says False"]
+    served = check_checkpoint(folder, target=target, engine="vllm")
+    assert not served.ok and served.engine == "vllm"
+    assert [(p["code"], p["problem"]) for p in served.problems] == [("consumer_norm_flags", text_of(vllm[0]))]
+    assert vllm[0] not in served.warnings and len(served.warnings) == len(anyone.warnings) - 1
+    assert check_checkpoint(folder, target=target, engine="speculators").ok
+    sglang = check_checkpoint(folder, target=target, engine="sglang").problems
+    assert [p["code"] for p in sglang] == ["consumer_cannot_load"] and "is speculators format" in sglang[0]["problem"]
+    with pytest.raises(ValueError, match="engine must be one of vllm, sglang"):
+        check_checkpoint(folder, engine="tgi")

@@ -206,6 +206,22 @@ def test_check_without_a_draft_names_the_target_as_given(tmp_path, capsys):
     assert code == 2 and f"eyas ships none for the target {target}\n" in err
 
 
+def test_check_engine_exits_1_on_what_that_engine_would_wire_otherwise(tmp_path, capsys):
+    c = tiny_contract(capture_layers=(2, 3, 5))
+    write_checkpoint(tmp_path / "ck", c, random_tensors(c), "speculators")
+    cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
+    del cfg["norm_before_residual"]  # vLLM then wires True
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(cfg))
+    assert _run(capsys, "check", tmp_path / "ck")[0] == 0
+    code, out, _ = _run(capsys, "check", tmp_path / "ck", "--engine", "vllm", "--json")
+    rep = json.loads(out)
+    assert code == 1 and rep["engine"] == "vllm" and not rep["ok"]
+    assert [p["code"] for p in rep["problems"]] == ["consumer_norm_flags"]
+    code, out, _ = _run(capsys, "check", tmp_path / "ck", "--engine", "llamacpp")
+    assert code == 0 and out.startswith(f"{tmp_path / 'ck'}: ok to serve with llamacpp")
+    assert _run(capsys, "check", tmp_path / "ck", "--engine", "tgi")[0] == 2
+
+
 def test_convert_records_the_verifier(tmp_path, capsys):
     c = tiny_contract(capture_layers=None, verifier=Verifier())
     write_checkpoint(tmp_path / "ck", c, random_tensors(c), "eagle")  # no ids, no verifier: as EAGLE ships

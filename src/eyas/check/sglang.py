@@ -100,10 +100,9 @@ def sglang_view(reads: str, fmt: str, cfg: dict, c: DraftContract, naming: str |
         if legacy else "SGLang since PR #25454: +1 on eagle_config ids only when the first id is 1"
     )
     if fmt == "speculators":
-        r["loads"] = False
-        r["notes"].append(f"{reads} is speculators format: its architectures ({cfg.get('architectures')}) name no "
-                          f"SGLang draft class and its ids are top-level, where SGLang does not read {CLASS}: eyas "
-                          "convert DIR OUT --format eagle")
+        refuse(r, f"{reads} is speculators format: its architectures ({cfg.get('architectures')}) name no "
+               f"SGLang draft class and its ids are top-level, where SGLang does not read {CLASS}: eyas "
+               "convert DIR OUT --format eagle")
         return r
     archs = cfg.get("architectures") or []
     _class_notes(r, archs[0] if archs else None, c, legacy)

@@ -23,6 +23,7 @@ def new_view(reads: str) -> dict[str, Any]:
         "norm_flags": None,
         "embeddings": None,
         "notes": [],
+        "refused": [],  # why it cannot load the draft, each also a note
         "mismatches": [],
     }
 
@@ -34,6 +35,7 @@ def refuse(r: dict[str, Any], why: str, field: str | None = None) -> None:
     layer kind eyas has no code for, a verifier name) or that hold for old versions only pass no field."""
     r["loads"] = False
     r["notes"].append(why)
+    r["refused"].append(why)
     if field is not None:
         r["mismatches"].append(finding("consumer_cannot_load", field, f"cannot load {r['reads']}: {why}",
                                        "make the change the text names after the reason, or serve the draft with "

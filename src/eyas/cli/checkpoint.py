@@ -194,12 +194,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from eyas.check import check_checkpoint
 
     rep = check_checkpoint(drafter_of(args), target=target_of(args, weights=False),
-                           layer_convention=args.layer_convention)
+                           layer_convention=args.layer_convention, engine=args.engine)
     if args.json:
         print_json(
             {
                 "path": str(rep.path),
                 "ok": rep.ok,
+                "engine": rep.engine,
                 "problems": rep.problems,
                 "warnings": rep.warnings,
                 "contract": rep.checkpoint.contract.to_dict(),
@@ -207,7 +208,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print(f"{rep.path}: " + ("ok" if rep.ok else f"{len(rep.problems)} problem(s)"))
+        served = f" to serve with {rep.engine}" if rep.engine else ""
+        print(f"{rep.path}: " + (f"ok{served}" if rep.ok else f"{len(rep.problems)} problem(s){served}"))
         for p in rep.problems:
             print(f"  - [{p['field']}] {p['problem']}\n      fix: {p['fix']}")
         for w in rep.warnings:

@@ -10,7 +10,8 @@ EXAMPLES = {
   eyas check
   eyas check ./EAGLE3-LLaMA3.1-Instruct-8B --target ./Llama-3.1-8B-Instruct
   eyas check ./draft --target ./target/config.json --json
-  eyas check ./draft/config.json""",
+  eyas check ./draft/config.json
+  eyas check ./draft --engine vllm   # what vLLM would wire otherwise is a problem (exit 1)""",
     "convert": """examples:
   eyas convert ./EAGLE3-LLaMA3.1-8B ./eagle3-spec --format speculators --verifier-name meta-llama/Llama-3.1-8B-Instruct
   eyas convert ./speculators-draft ./sglang-draft --format eagle

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from eyas.check.consumers import CONSUMERS
 from eyas.cli.checkpoint import cmd_check, cmd_convert, cmd_init, cmd_inspect
 from eyas.cli.decoding import cmd_bench, cmd_generate
 from eyas.cli.doctor import cmd_doctor
@@ -187,6 +188,9 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("check", cmd_check, "every problem with a draft, offline; exit 0 clean, 1 problems, 2 unreadable")
     add_drafter(p, "a draft folder, or a single draft config .json")
     add_target(p, use="the draft's vocab, width, depth and context are checked against it")
+    p.add_argument("--engine", choices=CONSUMERS, help="the engine that will serve the draft: where it would "
+                   "wire the draft otherwise than its contract says, or refuse it, that is a problem (exit 1), "
+                   "not a warning (default: none; every engine's view is a warning)")
     add_reading(p, progress=False)
 
     p = command("convert", cmd_convert, "rewrite a draft as speculators, eagle or both formats (lossless)")
