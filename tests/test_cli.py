@@ -453,6 +453,8 @@ def test_dst_inside_src(tmp_path, capsys):
     path, _ = _good(tmp_path)
     code, _, err = _run(capsys, "convert", path, path / "sub", "--format", "eagle")
     assert code == 2 and "DST is inside SRC" in err and str(path / "sub") in err
+    code, _, err = _run(capsys, "convert", path, path, "--format", "eagle")  # said as that, not "not empty"
+    assert code == 2 and f"{path} (DST) is {path} (SRC)" in err
     assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
 
 

@@ -663,6 +663,20 @@ def test_destination_rules(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]
 
 
+def test_a_source_whose_files_link_into_dst_is_never_overwritten(tmp_path):
+    """A link-farm source (a hub cache snapshot: its weights a link to a blob elsewhere): --force on the
+    folder the link points into would delete the source's weights, or rewrite them."""
+    orig, _ = _good(tmp_path)
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "config.json").write_text((orig / "config.json").read_text())
+    (view / "model.safetensors").symlink_to(orig / "model.safetensors")
+    before = (orig / "model.safetensors").read_bytes()
+    with pytest.raises(FormatError, match="DST holds the file .*model.safetensors that SRC's model.safetensors links"):
+        convert_checkpoint(view, orig, "speculators", force=True)
+    assert (orig / "model.safetensors").read_bytes() == before and not read_checkpoint(view).problems
+
+
 def test_force_replaces_a_draft_and_nothing_else(tmp_path):
     """--force replaces a folder holding a draft; a model's folder, a capture's or one holding
     folders (the current directory, a clone) is refused whole, and left as it was."""

@@ -48,13 +48,13 @@ def output_folder(path: str | Path | None, flag: str) -> None:
     _writable_above(path, flag)
 
 
-def draft_folder(path: str, force: bool, target: str | None) -> None:
-    """A DST a draft is written to: a writable folder apart from the target, new or empty, or a draft
-    that --force replaces."""
+def draft_folder(path: str, force: bool, inputs: dict[str, str | None]) -> None:
+    """A DST a draft is written to: a writable folder apart from the verb's inputs (the target, convert's
+    SRC), new or empty, or a draft that --force replaces."""
     from eyas.formats.write import check_destination
 
     output_folder(path, "DST")
-    apart(path, "DST", {"--target": target}, holds=True)
+    apart(path, "DST", inputs, holds=True)
     check_destination(path, force)
 
 

@@ -384,9 +384,9 @@ VERBS: dict[str, Callable[[argparse.Namespace], None]] = {
     "doctor": _doctor,
     "serve-check": _serve_check,
     "init": lambda a: (capture_layers(a), target(a, weights=True), verifier_name(a.verifier_name),
-                       draft_folder(a.dst, a.force, a.target)),
+                       draft_folder(a.dst, a.force, {"--target": a.target})),
     "convert": lambda a: (existing(a.src, "SRC"), verifier_name(a.verifier_name),
-                          draft_folder(a.dst, a.force, a.target)),
+                          draft_folder(a.dst, a.force, {"--target": a.target, "SRC": a.src})),
 }
 
 

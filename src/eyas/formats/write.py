@@ -167,6 +167,10 @@ def convert_checkpoint(
         raise FormatError(f"{dst}: DST is inside SRC {src}", "write the converted checkpoint outside the source folder")
     if src_p.is_relative_to(dst_p):
         raise FormatError(f"{dst}: DST contains SRC {src}", "choose a DST that does not hold the source")
+    linked = _linked_into(src_p, dst_p)
+    if linked is not None:
+        raise FormatError(f"{dst}: DST holds the file {linked.resolve()} that SRC's {linked.name} links to: writing "
+                          "DST would delete or rewrite the source", "choose a DST that holds none of the source's files")
     source = read_checkpoint(src_p, layer_convention=layer_convention, verifier_config=verifier_config)
     if source.problems:  # strict reading leaves only the disagreements that change the draft here
         raise FormatError(source.problems[0]["problem"], source.problems[0]["fix"])
@@ -180,6 +184,16 @@ def convert_checkpoint(
     name = verifier_name or source.contract.verifier.name_or_path or target_name
     contract = source.contract.replace(verifier=dataclasses.replace(source.contract.verifier, name_or_path=name))
     return source, _write(dst_p, contract, source.tensors, to, force)
+
+
+def _linked_into(src: Path, dst: Path) -> Path | None:
+    """A file of the folder `src` that is a link into `dst` (a link farm, a hub cache's snapshot), which
+    replacing or writing DST would delete or rewrite; None when there is none."""
+    for entry in sorted(src.iterdir()):
+        real = entry.resolve() if entry.is_symlink() else None
+        if real is not None and (real == dst or dst in real.parents):
+            return entry
+    return None
 
 
 def _lossy_parts(source: Checkpoint, to: str, layer_convention: str | None = None) -> str | None:
