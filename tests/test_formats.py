@@ -663,6 +663,22 @@ def test_destination_rules(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]
 
 
+@pytest.mark.parametrize("depth", [32, 6])
+def test_convert_keeps_capture_layers_unnamed_where_the_source_names_none(tmp_path, depth):
+    """Read with a target, a draft without layer ids gets the engines' default for its depth; its copy
+    still names none (served as the source is), and a 6-layer target's [2, 3, 3] is never written."""
+    c = tiny_contract(capture_layers=None, verifier=Verifier(name_or_path="a/b", num_hidden_layers=depth))
+    write_checkpoint(tmp_path / "src", c, random_tensors(c), "speculators")  # a known depth: the library writes it
+    cfg = json.loads((tmp_path / "src" / "config.json").read_text())
+    assert cfg[IDS] is None
+    target = {"num_hidden_layers": depth, "hidden_size": 64, "vocab_size": 256}
+    source, written = convert_checkpoint(tmp_path / "src", tmp_path / "out", "both", verifier_config=target)
+    assert source.contract.capture_layers == (2, depth // 2, depth - 3) and written.contract.capture_layers is None
+    assert json.loads((tmp_path / "out" / "config.json").read_text())[IDS] is None
+    assert IDS not in json.loads((tmp_path / "out" / "config_eagle.json").read_text())
+    assert read_checkpoint(tmp_path / "out", verifier_config=target).contract == source.contract
+
+
 def test_a_source_whose_files_link_into_dst_is_never_overwritten(tmp_path):
     """A link-farm source (a hub cache snapshot: its weights a link to a blob elsewhere): --force on the
     folder the link points into would delete the source's weights, or rewrite them."""

@@ -239,10 +239,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         target_name=None if args.target is None else target_name(args.target),
     )
     files = sorted(p.name for p in written.path.iterdir())
-    seen = {(w["code"], w["field"]) for w in source.warnings}  # the written copy repeats the source's findings
+    seen = {_said(w) for w in source.warnings}  # the written copy repeats the source's findings
     warnings = (
         source.warnings
-        + [w for w in written.warnings if (w["code"], w["field"]) not in seen]
+        + [w for w in written.warnings if _said(w) not in seen]
         + consumer_warnings(consumers(written))
     )
     problems = _unnamed_verifier(written, args.format)
@@ -268,6 +268,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         for w in warnings + problems:
             print(f"warning: {text_of(w)}")
     return 0
+
+
+def _said(w: dict[str, str]) -> tuple[str, str]:
+    """A finding as the same fact in either format: its code and its field without the object a format
+    nests it in (layer ids absent from `eagle_config` and from the top level are one warning)."""
+    return w["code"], w["field"].removeprefix("eagle_config.").removeprefix("transformer_layer_config.")
 
 
 def _unnamed_verifier(written: Checkpoint, fmt: str) -> list[dict[str, str]]:

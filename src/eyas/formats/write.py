@@ -114,7 +114,11 @@ def _moved(findings: list[dict[str, str]], tmp: Path, dst: Path) -> list[dict[st
 
 
 def _assert_same(contract: DraftContract, tensors: dict[str, torch.Tensor], back: Checkpoint) -> None:
-    """A written checkpoint reads back as the same contract and bit-identical tensors (an invariant)."""
+    """A written checkpoint reads back as the same contract and bit-identical tensors (an invariant). A
+    draft that names no capture layers keeps no target depth either (no config field records it, and
+    read with one the ids would be the engines' default for it: `verifier_config_of`)."""
+    if contract.capture_layers is None:
+        contract = contract.replace(verifier=dataclasses.replace(contract.verifier, num_hidden_layers=None))
     if back.contract != contract:
         diff = {
             k: (v, back.contract.to_dict()[k]) for k, v in contract.to_dict().items() if back.contract.to_dict()[k] != v
@@ -183,6 +187,10 @@ def convert_checkpoint(
         )
     name = verifier_name or source.contract.verifier.name_or_path or target_name
     contract = source.contract.replace(verifier=dataclasses.replace(source.contract.verifier, name_or_path=name))
+    if source.origin.get("capture_layers", "").startswith("assumed"):
+        # the source names no layers: neither does its copy, which engines serve as they serve the source
+        # (the engines' default of each target; --target's depth only resolved it for reading)
+        contract = contract.replace(capture_layers=None)
     return source, _write(dst_p, contract, source.tensors, to, force)
 
 
