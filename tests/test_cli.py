@@ -243,12 +243,12 @@ def test_convert_records_the_verifier(tmp_path, capsys):
     )
     assert code == 0, err
     rep = json.loads(out)
-    assert rep["contract"]["capture_layers"] == [2, 4, 5]  # the default for 8 layers, now written explicitly
+    assert rep["contract"]["capture_layers"] is None  # unnamed as in the source: engines pick per target
     assert rep["contract"]["verifier"]["name_or_path"] == "org/target"
     assert rep["contract"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
     assert any("assuming the engines' default [2, 4, 5]" in text_of(w) for w in rep["warnings"])
     cfg = json.loads((tmp_path / "s" / "config.json").read_text())
-    assert cfg[IDS] == [2, 4, 5] and cfg["speculators_config"]["verifier"]["name_or_path"] == "org/target"
+    assert cfg[IDS] is None and cfg["speculators_config"]["verifier"]["name_or_path"] == "org/target"
 
 
 def test_check_json_lists_problems_exit_1(tmp_path, ckpt, capsys):
