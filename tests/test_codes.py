@@ -292,11 +292,15 @@ def consumer_views(tmp_path):
 
 
 def vocab_map_completed(tmp_path):
-    """A valid d2t stored as int32 and without t2d: served by engines, completed on read."""
+    """A valid d2t stored as int32 and without t2d, and beside a t2d of uint8 0s and 1s: served by engines
+    (they read d2t alone), completed on read."""
     c = tiny_contract()
     t = _t(c, t2d=None)
     t["d2t"] = t["d2t"].int()
-    return _read(_folder(tmp_path / "m", {"config.json": speculators_config(c)}, t))
+    bytes_mask = _t(c)
+    bytes_mask["t2d"] = bytes_mask["t2d"].to(torch.uint8)
+    return _read(_folder(tmp_path / "m", {"config.json": speculators_config(c)}, t)) | _read(
+        _folder(tmp_path / "u", {"config.json": speculators_config(c)}, bytes_mask))
 
 
 def engine_refusals(tmp_path):
@@ -344,7 +348,7 @@ SCENARIOS = {  # scenario: the codes it must produce
         "consumer_capture_default", "consumer_capture_layers", "consumer_norm_flags", "consumer_replaces_embeddings",
         "consumer_no_vocab_map", "consumer_builds_qwen3",
     },
-    vocab_map_completed: {"t2d_derived", "d2t_cast"},
+    vocab_map_completed: {"t2d_derived", "d2t_cast", "t2d_cast"},
     engine_refusals: {"consumer_cannot_load"},
 }
 

@@ -99,7 +99,8 @@ def _stored(tmp_path, case: str):
     return d
 
 
-@pytest.mark.parametrize("case, codes", [("no t2d", ["t2d_derived"]), ("d2t int32", ["d2t_cast"])])
+@pytest.mark.parametrize("case, codes", [("no t2d", ["t2d_derived"]), ("d2t int32", ["d2t_cast"]),
+                                         ("t2d uint8", ["t2d_cast"])])
 def test_a_map_engines_serve_is_completed_on_read(tmp_path, case, codes):
     """Engines read d2t alone and cast it on load: a valid d2t without t2d, or as int32, is served as
     intended, so eyas reads it whole (saying so) instead of refusing it, and convert stores it whole."""
@@ -109,7 +110,7 @@ def test_a_map_engines_serve_is_completed_on_read(tmp_path, case, codes):
     assert all(ck.tensors[k].dtype == v.dtype and torch.equal(ck.tensors[k], v) for k, v in valid.items())
     check_vocab_map(ck.contract, ck.tensors["d2t"], ck.tensors["t2d"])  # what every verb running it checks
     _, written = convert_checkpoint(ck.path, tmp_path / "out", "eagle")
-    assert not {w["code"] for w in read_checkpoint(written.path).warnings} & {"t2d_derived", "d2t_cast"}
+    assert not {w["code"] for w in read_checkpoint(written.path).warnings} & {"t2d_derived", "d2t_cast", "t2d_cast"}
 
 
 @pytest.mark.parametrize("case", ["out of range", "d2t short"])

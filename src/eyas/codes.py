@@ -111,6 +111,7 @@ CODES: dict[str, Code] = {
     "t2d_disagrees": _problem("vocab_map", "t2d does not mark the target ids d2t maps to"),
     "t2d_derived": _warning("vocab_map", "a valid d2t stored without t2d: t2d is derived from it"),
     "d2t_cast": _warning("vocab_map", "a valid d2t stored as another integer type: read as int64"),
+    "t2d_cast": _warning("vocab_map", "a t2d mask stored as integers 0 and 1: read as bool"),
     # --- the contract against a target (eyas.contract, eyas.check.rules) ---
     "capture_layers_not_recorded": _problem(None, "no capture layers recorded: engines fall back to (2, N//2, N-3)"),
     "capture_layers_out_of_range": _problem("capture_layers", "a capture layer beyond the target's depth"),

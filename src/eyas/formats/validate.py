@@ -261,8 +261,10 @@ def complete_vocab_map(
     right shape whose values pass the rule is completed; anything else is left to vocab_map_problems.
     """
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
-    integer = d2t is not None and not d2t.dtype.is_floating_point and d2t.dtype != torch.bool
-    whole = t2d is not None and integer and d2t.dtype == torch.int64  # the common case: nothing to fill in
+    integer = d2t is not None and _integers(d2t)
+    mask = t2d is not None and _integers(t2d) and tuple(t2d.shape) == (c.vocab_size,) and bool((t2d.cpu() <= 1).all()
+                                                                                             and (t2d.cpu() >= 0).all())
+    whole = t2d is not None and t2d.dtype == torch.bool and integer and d2t.dtype == torch.int64  # the common case
     if whole or not integer or tuple(d2t.shape) != (c.draft_vocab_size,):
         return tensors, []
     _, targets = _d2t_problems(d2t.cpu(), c.vocab_size)  # its findings are the validator's to report
@@ -273,11 +275,20 @@ def complete_vocab_map(
         out["d2t"] = d2t.long()
         said.append(finding("d2t_cast", "d2t", f"{where}d2t is {d2t.dtype}: read as int64 offsets, as engines "
                             "cast it on load", "none needed; eyas convert stores it as int64"))
+    if mask:
+        out["t2d"] = t2d.bool()
+        said.append(finding("t2d_cast", "t2d", f"{where}t2d is {t2d.dtype} of 0s and 1s: read as the bool mask it "
+                            "stores (engines read d2t only)", "none needed; eyas convert stores it as bool"))
     if t2d is None:
         out["t2d"] = torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, targets, True)
         said.append(finding("t2d_derived", "t2d", f"{where}no t2d: derived from d2t (engines read d2t only)",
                             "none needed; eyas convert stores both"))
     return out, said
+
+
+def _integers(t: torch.Tensor) -> bool:
+    """An integer tensor (bool is not one: a d2t of bools is no offsets, a t2d of bools needs no cast)."""
+    return not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool
 
 
 def _d2t_problems(d2t: torch.Tensor, V: int) -> tuple[list[dict[str, str]], torch.Tensor | None]:
