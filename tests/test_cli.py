@@ -251,6 +251,22 @@ def test_convert_records_the_verifier(tmp_path, capsys):
     assert cfg[IDS] is None and cfg["speculators_config"]["verifier"]["name_or_path"] == "org/target"
 
 
+def test_convert_lists_what_check_will_say_of_the_copy_against_its_target(tmp_path, capsys):
+    """The source names a Llama verifier; --target is a Qwen3 model: the copy keeps the source's verifier
+    (and the flag's name), and convert says what check --target will (another architecture)."""
+    c = tiny_contract(capture_layers=(2, 3, 5))
+    write_checkpoint(tmp_path / "ck", c, random_tensors(c), "eagle")
+    target = _write_json(tmp_path / "q" / "config.json", {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 256,
+                                                          "num_hidden_layers": 8, "hidden_size": 64})
+    code, out, _ = _run(capsys, "convert", tmp_path / "ck", tmp_path / "s", "--format", "speculators", "--target",
+                        target.parent, "--verifier-name", "Qwen/Qwen3-8B", "--json")
+    rep = json.loads(out)
+    assert code == 0 and rep["contract"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    assert [p["code"] for p in rep["problems"]] == ["target_architectures"]
+    check = json.loads(_run(capsys, "check", tmp_path / "s", "--target", target.parent, "--json")[1])
+    assert [p["code"] for p in check["problems"]] == ["target_architectures"]
+
+
 def test_check_json_lists_problems_exit_1(tmp_path, ckpt, capsys):
     target = _write_json(tmp_path / "t.json", {"num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 512})
     code, out, _ = _run(capsys, "check", ckpt, "--target", target, "--json")

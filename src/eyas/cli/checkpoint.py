@@ -223,18 +223,21 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.check import consumer_warnings, consumers
+    from eyas.check.rules import target_problems
+    from eyas.contract import target_facts
     from eyas.formats import convert_checkpoint
     from eyas.target import target_name
 
     if args.progress:
         log(f"reading {args.src}")
+    target_cfg = _verifier_config(args)
     source, written = convert_checkpoint(
         args.src,
         args.dst,
         args.format,
         force=args.force,
         layer_convention=args.layer_convention,
-        verifier_config=_verifier_config(args),
+        verifier_config=target_cfg,
         verifier_name=args.verifier_name,
         target_name=None if args.target is None else target_name(args.target),
     )
@@ -246,6 +249,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         + consumer_warnings(consumers(written))
     )
     problems = _unnamed_verifier(written, args.format)
+    if target_cfg is not None:  # what `eyas check DST --target T` will say of the copy (another verifier, ...)
+        problems += target_problems(written.contract, target_facts(target_cfg))
     if args.json:
         print_json(
             {

@@ -199,7 +199,8 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     required = p.add_mutually_exclusive_group(required=True)  # --format, or its old name --to
     add_deprecated_alias(required, "--to", add_format(required))
     named = p.add_mutually_exclusive_group()
-    target = add_target(named, use="its name, architectures and depth are recorded as the verifier")
+    target = add_target(named, use="where the draft names no verifier, its name and architectures are recorded "
+                        "as one; the copy is checked against it, as check --target does")
     add_deprecated_alias(named, "--verifier-config", target)
     add_verifier_name(p)
     p.add_argument("--force", action="store_true", help="replace a DST that holds a draft and nothing else")
