@@ -128,6 +128,12 @@ def _missing(name: str) -> dict[str, str]:
     )
 
 
+# SGLang's LlamaForCausalLMEagle3 builds fc with `bias=config.bias` (eagle3-eagle-specforge-sglang.md 4.1);
+# vLLM 0.32's fc has bias=False (models/llama_eagle3.py), as do speculators and eyas
+_FC_BIAS = ("SGLang alone builds fc with a bias (config 'bias': true); vLLM, speculators and eyas have none, so "
+            "they would drop a trained one: serve such a draft in SGLang, or retrain fc without a bias")
+
+
 def _unexpected(name: str) -> dict[str, str]:
     flag = _flag_for(name)
     if flag is None:
@@ -135,7 +141,7 @@ def _unexpected(name: str) -> dict[str, str]:
             "tensor_unknown",
             name,
             f"{name} is not an EAGLE-3 tensor",
-            "remove it: no EAGLE-3 loader has such a parameter",
+            _FC_BIAS if name == "fc.bias" else "remove it: no EAGLE-3 loader has such a parameter",
         )
     return finding(
         "feature_norm_unexpected" if _is_feature_norm(name) else "flag_tensor_unexpected",
