@@ -401,20 +401,20 @@ def test_bad_input(tmp_path, capsys, case):
     damage, file_, field_, check_code = BAD[case]
     path, c = _good(tmp_path)
     damage(path, c)
-    for argv in (["inspect", path], ["convert", path, tmp_path / "out", "--format", "eagle"]):
-        code, out, err = _run(capsys, *argv)
-        lines = err.strip().splitlines()
-        assert code == 2 and out == "", (case, err)
-        assert lines[-2].startswith("error: ") and lines[-1].startswith("hint: ") and "Traceback" not in err
-        assert file_ in lines[-2] and field_ in lines[-2], lines[-2]
+    code, out, err = _run(capsys, "convert", path, tmp_path / "out", "--format", "eagle")
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "", (case, err)
+    assert lines[-2].startswith("error: ") and lines[-1].startswith("hint: ") and "Traceback" not in err
+    assert file_ in lines[-2] and field_ in lines[-2], lines[-2]
     assert not (tmp_path / "out").exists()  # nothing written
-    code, out, err = _run(capsys, "check", path, "--json")
-    assert code == check_code, (case, out, err)
-    if check_code == 1:
-        text = json.dumps(json.loads(out)["problems"])
-        assert file_ in text and field_ in text
-    else:
-        assert f"{file_}" in err and field_ in err
+    for verb in ("check", "inspect"):  # inspect shows what check diagnoses, and exits as check does
+        code, out, err = _run(capsys, verb, path, "--json")
+        assert code == check_code, (case, verb, out, err)
+        if check_code == 1:
+            text = json.dumps(json.loads(out)["problems"])
+            assert file_ in text and field_ in text
+        else:
+            assert f"{file_}" in err and field_ in err
 
 
 def test_disagreeing_configs_are_shown_refused_by_convert_and_graded_by_check(tmp_path, capsys):

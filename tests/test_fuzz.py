@@ -44,7 +44,7 @@ def _mutated_copy(world: dict, fmt: str, case: Path, file: str, data: bytes) -> 
 def _exercise(world: dict, case: Path, file: str, capsys) -> None:
     before = digest(case)
     for argv, ok in (
-        (["inspect", str(case), "--json"], (0,)),
+        (["inspect", str(case), "--json"], (0, 1)),
         (["check", str(case), "--json", "--target", str(world["target"])], (0, 1)),
         (["eval", str(case), "--target", str(world["target"]), "--data", str(world["shards"]), "--json",
           "--depth", "2", "--dtype", "fp32", "--no-progress"], (0,)),

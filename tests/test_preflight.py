@@ -229,7 +229,7 @@ def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path
     refused(capsys, ["doctor", d, "--prompts", world["prompts"], "--features", broken, "--target", t],
             "(a feature cache) both given", "measures the cache's own samples")
     refused(capsys, ["train", "--data", broken, "--out", tmp_path / "run", "--target", t, "--epochs", "0"],
-            "epochs=0")
+            "--epochs 0")
     assert not (tmp_path / "run").exists()
 
 

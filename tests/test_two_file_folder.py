@@ -128,11 +128,14 @@ def test_weights_that_fit_the_other_file_are_refused_naming_the_disagreement(two
     spec["transformer_layer_config"]["vocab_size"] += 1
     (two_files / "config_speculators.json").write_text(json.dumps(spec))
     capsys.readouterr()
-    assert main(["inspect", str(two_files)]) == 2
+    assert main(["convert", str(two_files), str(two_files.parent / "out"), "--format", "eagle", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: config.json and config_speculators.json disagree on vocab_size")
     assert "; and so " in err
     assert "hint: fix the wrong file, or delete it" in err
+    assert main(["inspect", str(two_files)]) == 1  # shown, the problem listed
+    out = capsys.readouterr().out
+    assert "problem [vocab_size] config.json and config_speculators.json disagree on vocab_size" in out
 
 
 def test_weights_that_fit_neither_file_are_not_blamed_on_an_unrelated_disagreement(two_files, capsys):
@@ -144,9 +147,12 @@ def test_weights_that_fit_neither_file_are_not_blamed_on_an_unrelated_disagreeme
     (two_files / "config_speculators.json").write_text(json.dumps(spec))
     (two_files / "config.json").write_text(json.dumps(flat))
     capsys.readouterr()
-    assert main(["inspect", str(two_files)]) == 2
+    assert main(["convert", str(two_files), str(two_files.parent / "out"), "--format", "eagle", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "mlp.gate_proj.weight" in err and "config files" not in err and "disagree on" not in err, err
+    assert main(["inspect", str(two_files)]) == 1
+    problems = capsys.readouterr().out.split("problems (", 1)[1].split("warnings:")[0]
+    assert "mlp.gate_proj.weight" in problems and "disagree on" not in problems, problems
 
 
 def test_check_on_unreadable_weights_exits_2(tmp_path, capsys):

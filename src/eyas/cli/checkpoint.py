@@ -67,6 +67,9 @@ def inspect_report(ckpt: Checkpoint) -> dict[str, Any]:
         "tensors": tensor_summary(ckpt),
         "consumers": cons,
         "disagreements": ckpt.disagreements,
+        # what keeps a verb from running it (a tensor missing or misshapen, ...): listed, not refused, so
+        # inspect shows the draft that check diagnoses
+        "problems": [p for p in ckpt.problems if p not in ckpt.disagreements],
         "warnings": draft_warnings(ckpt, cons),  # check's, but a target's
     }
 
@@ -166,6 +169,9 @@ def format_inspect(rep: dict[str, Any]) -> str:
     lines += _disagreement_lines(rep)
     lines += _tensor_lines(rep["tensors"])
     lines += _consumer_lines(rep["consumers"])
+    if rep["problems"]:
+        lines.append("problems (the verbs that run the draft refuse it; eyas check lists every one):")
+        lines += [f"  - [{p['field']}] {p['problem']}\n      fix: {p['fix']}" for p in rep["problems"]]
     warnings = [w for w in rep["warnings"] if w not in rep["disagreements"]]  # those are listed above
     lines.append("warnings:" + ("" if warnings else " none"))
     lines += [f"  - {text_of(w)}" for w in warnings]
@@ -177,13 +183,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from eyas.formats import read_checkpoint
 
     ckpt = read_checkpoint(drafter_of(args), layer_convention=args.layer_convention,
-                           verifier_config=_verifier_config(args))
+                           verifier_config=_verifier_config(args), strict=False)
     rep = inspect_report(ckpt)
     if args.json:
         print_json(rep)
     else:
         print(format_inspect(rep))
-    return 0
+    return 1 if rep["problems"] else 0
 
 
 # --- check --------------------------------------------------------------------------------------
