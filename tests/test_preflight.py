@@ -178,6 +178,9 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["eval", "--limit", "0"], "--limit 0"),
     (["eval", "--depth", "0"], "--depth 0"),
     (["doctor", "--limit", "-3"], "--limit -3"),
+    (["doctor", "--limit", str(2**64)], f"--limit {2**64}: must be at most {2**63 - 1}"),  # islice crashed
+    (["eval", "--limit", str(2**64)], f"--limit {2**64}: must be at most"),
+    (["capture", "--out", "OUT", "--skip", str(2**63)], f"--skip {2**63}: must be at most"),
     (["doctor", "--max-new-tokens", "0"], "--max-new-tokens 0"),
     (["serve-check", "--limit", "0"], "--limit 0"),
     (["serve-check", "--prompts", "no-such-prompts.txt"], "no-such-prompts.txt does not exist"),
@@ -442,3 +445,31 @@ def test_a_bench_prompt_file_that_is_not_there_names_benchs_sets(world, capsys, 
     err = capsys.readouterr().err.splitlines()
     assert "no-such.jsonl does not exist" in err[0] and err[1] == (
         "hint: pass a .jsonl of {prompt, category}, or one of bench's sets: mtbench, humaneval, copy")
+
+
+def test_a_target_that_cannot_answer_chat_prompts_is_refused_before_it_loads(world, tmp_path, capsys, no_loading):
+    """No tokenizer, or no chat template: every verb that answers prompts says so from the files, in
+    its own words (it said "capture needs" for generate, eval and bench too, after loading the weights)."""
+    import shutil
+
+    bare, plain = tmp_path / "bare", save_tiny_target(tmp_path / "plain", chat_template=None)
+    shutil.copytree(world["target"], bare)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (bare / f).unlink(missing_ok=True)
+    capsys.readouterr()
+    for target, says in ((bare, "has no tokenizer"), (plain, "has no chat template")):
+        for argv in (["generate", world["draft"], "--prompt", "hi"], ["capture", "--out", tmp_path / "c"],
+                     ["eval", world["draft"], "--prompts", world["prompts"]]):
+            verb = argv[0]
+            refused(capsys, [*argv, "--target", target], f"eyas {verb} answers prompts as a chat model's", says)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_garbled_tokenizer_is_one_line(world, tmp_path, capsys):
+    import shutil
+
+    garbled = tmp_path / "garbled"
+    shutil.copytree(world["target"], garbled)
+    (garbled / "tokenizer.json").write_text("{bad")
+    refused(capsys, ["generate", world["draft"], "--prompt", "hi", "--target", garbled, "--dtype", "fp32"],
+            f"target {garbled}: its tokenizer cannot be read")  # read before the weights: seconds, not minutes

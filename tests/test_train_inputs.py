@@ -223,3 +223,8 @@ def test_the_command_line_names_its_flags_not_the_fields(target_dir, captured, t
                      "or several joined by commas); --init somewhere with --resume (a resumed run continues from its "
                      "checkpoint; pass one of them)"], run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
+
+
+def test_device_is_read_as_every_verb_reads_it(target_dir, captured, tmp_path):
+    """--device CPU passed preflight (parse_device lower-cases and strips) and then crashed in torch.device."""
+    assert train(config(captured, tmp_path / "run", target_dir, device=" CPU", max_steps=1))["steps"] == 1

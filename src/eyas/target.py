@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,6 +31,7 @@ from eyas.devices import RUN_OVERHEAD, check_fits_memory, free_bytes, gib
 from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.target_ref import (
+    TOKENIZER_FILES,
     TargetRef,
     load_target_embeddings,
     resolve_target,
@@ -44,7 +46,6 @@ __all__ = ["DEFAULT_SPECS", "EMBEDDED_DIR", "EMBEDDED_NAME", "Target", "TargetOu
            "check_fits", "embedded_default_dir", "load_target_embeddings", "resolve_target", "target_config",
            "target_name", "target_tensors"]
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Config fields that make logits differ from lm_head(last_hidden); forward computes exactly that.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -94,8 +95,6 @@ class Target:
         on a machine with several GPUs spreads a target that does not fit one over all of them
         (accelerate's `device_map="auto"`); `cuda:N` keeps it on GPU N.
         """
-        from transformers import AutoTokenizer
-
         ref = TargetRef.resolve(spec, device=device, dtype=dtype)
         transforms = [k for k in _LOGIT_TRANSFORMS if ref.text_config.get(k) not in (None, 1.0)]
         if transforms:
@@ -104,12 +103,11 @@ class Target:
                 "lm_head(final hidden) and would get them wrong",
                 "use a target without logit scaling or softcapping",
             )
+        tokenizer = _tokenizer(ref)  # first: seconds, where the weights take minutes
         placement = _placement(ref, device)
         model = _from_pretrained(ref, placement)
         if not placement and ref.device.type != "cpu":
             model.to(ref.device)
-        has_tokenizer = any((ref.path / f).is_file() for f in _TOKENIZER_FILES)
-        tokenizer = AutoTokenizer.from_pretrained(ref.path, local_files_only=True) if has_tokenizer else None
         return cls(model, tokenizer, ref.path, ref.name)
 
     @torch.no_grad()  # not inference_mode: features must stay usable as inputs to a trained drafter
@@ -167,6 +165,21 @@ class Target:
             features = last.new_empty(*last.shape[:2], 0)
         logits = self.model.get_output_embeddings()(last) if with_logits else None  # [B, T, V]
         return TargetOutput(features, last, logits, out.past_key_values)
+
+
+def _tokenizer(ref: TargetRef) -> Any:
+    """The target's tokenizer (None where its folder ships none), refused in one line naming the folder
+    where transformers cannot read it (a garbled tokenizer.json)."""
+    from transformers import AutoTokenizer
+
+    if not any((ref.path / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError) as e:
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise FormatError(f"target {ref.path}: its tokenizer cannot be read ({type(e).__name__}: {why})",
+                          "copy the target's tokenizer files (tokenizer.json, tokenizer_config.json) again") from e
 
 
 def _from_pretrained(ref: TargetRef, placement: dict) -> torch.nn.Module:

@@ -32,8 +32,9 @@ from eyas.devices import parse_device
 from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
-from eyas.weights import find_weights, read_tensors, weight_bytes, weight_files
+from eyas.weights import UNREADABLE, find_weights, read_tensors, weight_bytes, weight_files
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Target tensors by the names the drafter uses -> Hugging Face names on disk.
 HF_NAMES = {
     "embed_tokens.weight": "model.embed_tokens.weight",
@@ -215,6 +216,21 @@ class TargetRef:
         """The weights' size once loaded in `dtype` (default: this ref's), from the files' headers."""
         return weight_bytes(self.folder, dtype or self.dtype)
 
+    def missing_chat(self) -> str | None:
+        """Why prompts cannot be answered as a chat's assistant turn (None: they can): no tokenizer files, or
+        no chat template beside them. From the files alone, so a verb says it before the model loads."""
+        if not any((self.folder / f).is_file() for f in TOKENIZER_FILES):
+            return f"{self.folder} has no tokenizer ({', '.join(TOKENIZER_FILES)})"
+        if any((self.folder / f).is_file() for f in ("chat_template.jinja", "chat_template.json")):
+            return None
+        try:
+            said = json.loads((self.folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            said = {}
+        if isinstance(said, dict) and said.get("chat_template"):
+            return None
+        return f"{self.folder} has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json)"
+
     def missing_model(self) -> str | None:
         """Why the whole model is not here (None: it is): a verdict from a feature cache needs the final
         norm and lm_head alone, but answering prompts needs every shard the index names and the decoder
@@ -248,13 +264,17 @@ def _tensor_names(folder: Path) -> set[str]:
             return set(json.loads(found.read_text(encoding="utf-8"))["weight_map"])
         except (ValueError, KeyError, TypeError):
             return set()
-    if found.suffix == ".safetensors":
-        with safe_open(str(found), "pt") as f:
-            return set(f.keys())
-    try:  # mapped, not read: a 16 GB pickle is loaded once, by the model, not for its names too
-        return set(torch.load(found, map_location="cpu", weights_only=True, mmap=True))
-    except RuntimeError:  # the legacy (non-zip) format cannot be mapped
-        return set(read_tensors(folder))
+    try:
+        if found.suffix == ".safetensors":
+            with safe_open(str(found), "pt") as f:
+                return set(f.keys())
+        try:  # mapped, not read: a 16 GB pickle is loaded once, by the model, not for its names too
+            return set(torch.load(found, map_location="cpu", weights_only=True, mmap=True))
+        except RuntimeError:  # the legacy (non-zip) format cannot be mapped
+            return set(read_tensors(folder))
+    except UNREADABLE as e:  # truncated, garbled: said here, where a verb first reads the target's weights
+        raise FormatError(f"target weights {found}: not readable ({str(e).strip()[:200]})",
+                          "the file is truncated or damaged: copy the target's weights again") from None
 
 
 def _resolve_path(spec: str | Path | None, *, weights: bool, needed_by: str) -> Path:

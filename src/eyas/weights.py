@@ -41,7 +41,7 @@ AUX_NORM_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", 
 
 # What safetensors and torch raise on a file that lies about itself: its own error for a bad header,
 # OSError for an unreadable or vanished file, the rest for dtypes or sizes torch cannot hold.
-_UNREADABLE = (SafetensorError, OSError, ValueError, TypeError, OverflowError, MemoryError, RuntimeError)
+UNREADABLE = (SafetensorError, OSError, ValueError, TypeError, OverflowError, MemoryError, RuntimeError)
 
 _HINT_FILES = "a draft folder holds model.safetensors, a sharded model.safetensors.index.json, or pytorch_model.bin"
 
@@ -122,7 +122,7 @@ def weight_bytes(folder: Path, dtype: torch.dtype) -> int:
             try:
                 with safe_open(str(path), framework="pt") as f:
                     count += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-            except _UNREADABLE:
+            except UNREADABLE:
                 continue  # reading it later names the problem
         elif path.is_file() and not rel.endswith(".json"):
             count += path.stat().st_size // 4
@@ -141,7 +141,7 @@ def _read_file(path: Path, names: set[str] | None) -> dict[str, torch.Tensor]:
         try:
             with safe_open(str(path), framework="pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys() if names is None or k in names}
-        except _UNREADABLE as e:  # the header, offsets, dtypes or shapes are not what the bytes hold
+        except UNREADABLE as e:  # the header, offsets, dtypes or shapes are not what the bytes hold
             raise FormatError(
                 f"{path}: not a readable safetensors file ({_first_line(e)})",
                 "the file is truncated or corrupt: download or export it again",

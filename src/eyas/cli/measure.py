@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from typing import Any
 
 from eyas.cli import preflight
@@ -27,10 +28,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from eyas.dtypes import to_dtype
     from eyas.target import Target
 
-    if args.skip < 0:
-        raise EyasError(f"--skip {args.skip}: must be >= 0", "pass the number of prompts to leave out")
     target_spec = target_of(args, weights=True)
-    end = None if args.limit is None else args.skip + args.limit
+    end = None if args.limit is None else min(args.skip + args.limit, sys.maxsize)  # both bounded by preflight
     prompts = read_prompts(args.prompts, limit=end)[args.skip :]
     if not prompts:
         raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")

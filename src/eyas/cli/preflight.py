@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,12 +33,16 @@ def _flag(name: str) -> str:
 
 
 def at_least(args: argparse.Namespace, minimum: int, *names: str) -> None:
-    """Each named integer flag, when given, is >= minimum."""
+    """Each named integer flag, when given, is >= minimum, and a count Python can index with (a --limit of
+    2**64 crashed the slicing that reads the first N prompts)."""
     for name in names:
         value = getattr(args, name, None)
         if value is not None and value < minimum:
             raise EyasError(f"{_flag(name)} {value}: must be >= {minimum}",
                             f"pass {_flag(name)} {minimum} or more, or leave it out for the default")
+        if value is not None and value > sys.maxsize:
+            raise EyasError(f"{_flag(name)} {value}: must be at most {sys.maxsize}",
+                            f"pass a smaller {_flag(name)}, or leave it out for the default")
 
 
 def sampling(args: argparse.Namespace) -> None:
@@ -144,12 +149,17 @@ def target(args: argparse.Namespace, *, weights: bool, whole: bool = False) -> N
     from eyas.target_ref import TargetRef
 
     path = target_of(args, weights=weights)
-    why = TargetRef.resolve(path, weights=False).missing_model() if whole and path is not None else None
+    ref = TargetRef.resolve(path, weights=False) if whole and path is not None else None
+    why = ref.missing_model() if ref is not None else None
     if why:
         cache = {"eval": "--data CACHE", "doctor": "--features CACHE"}.get(args.command)
         raise EyasError(f"--target {args.target}: eyas {args.command} runs the target, but {why}",
                         "pass the complete model folder" + (f", or {cache}: a feature cache is judged from the final "
                                                             "norm and lm_head alone" if cache else ""))
+    chat = ref.missing_chat() if ref is not None else None
+    if chat:
+        raise EyasError(f"--target {args.target}: eyas {args.command} answers prompts as a chat model's assistant "
+                        f"turn, but {chat}", "point --target at an instruct model's folder, with its tokenizer files")
 
 
 def prompts(source: str | None, *, limit: int | None = None) -> None:
@@ -285,7 +295,7 @@ def _capture(a: argparse.Namespace) -> None:
     sampling(a)
     capture_layers(a)
     target(a, weights=True, whole=True)
-    prompts(a.prompts, limit=None if a.limit is None else a.skip + a.limit)
+    prompts(a.prompts, limit=None if a.limit is None else min(a.skip + a.limit, sys.maxsize))
     # an input is named as one before it is refused for holding other files
     apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
     capture_out(a.out)

@@ -215,7 +215,7 @@ def encode_prompts(
     if not getattr(tok, "chat_template", None):
         raise FormatError(
             f"target {target.name} has {'a tokenizer without a chat template' if tok else 'no tokenizer'}",
-            "capture needs a chat (instruct) model: responses are generated as the assistant turn",
+            "eyas answers prompts as a chat (instruct) model's assistant turn: use an instruct model's folder",
         )
     texts = [
         tok.apply_chat_template(p.messages(), tokenize=False, add_generation_prompt=True)  # history, then the turn

@@ -342,7 +342,7 @@ def _read_common(p: Parsed, cfg: dict, layer_src: dict, where: str) -> None:
             tied[0],
             f"{p.file}: {tied[0]} is true: a reader that honours it uses the embedding table (vocab_size rows) as "
             "lm_head instead of the draft's lm_head.weight (draft_vocab_size rows); eyas runs the draft's lm_head, "
-            "or where it ships none the target's, as vLLM does",
+            "or where it ships none the target's, as engines serve it",
             f"set {tied[0]} to false unless the draft was trained with lm_head tied to embed_tokens",
         )
 

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
+from eyas.devices import parse_device
 from eyas.errors import EyasError
 from eyas.formats import write_checkpoint
 from eyas.formats.validate import not_finite
@@ -91,7 +92,7 @@ def _init_distributed() -> tuple[int, int, bool]:
 
 def _device(config: TrainConfig) -> torch.device:
     if config.device:
-        return torch.device(config.device)
+        return parse_device(config.device)  # as every verb reads --device: "CPU", " cuda:0 "
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
