@@ -176,10 +176,11 @@ def _tokenizer(ref: TargetRef) -> Any:
         return None
     try:
         return AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError) as e:
-        why = (str(e).strip().splitlines() or [""])[0][:300]
-        raise FormatError(f"target {ref.path}: its tokenizer cannot be read ({type(e).__name__}: {why})",
-                          "copy the target's tokenizer files (tokenizer.json, tokenizer_config.json) again") from e
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, ArithmeticError, RuntimeError) as e:
+        why = (str(e).strip().splitlines() or [""])[0][:300]  # AutoTokenizer reads config.json too
+        raise FormatError(f"target {ref.path}: its tokenizer cannot be read, with its config.json "
+                          f"({type(e).__name__}: {why})", "check config.json, and copy the target's tokenizer files "
+                          "(tokenizer.json, tokenizer_config.json) again") from e
 
 
 def _from_pretrained(ref: TargetRef, placement: dict) -> torch.nn.Module:
