@@ -480,6 +480,19 @@ def test_debug_env_reraises(tmp_path, capsys, monkeypatch):
         main(["inspect", str(tmp_path / "missing")])
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_stdout_the_machine_refuses_is_one_line(ckpt, json_flag):
+    """`> /dev/full`: every write fails with ENOSPC, as on a full disk; said in one line, exit 2."""
+    exe = Path(sys.executable).parent / "eyas"
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([exe, "inspect", ckpt, *json_flag], stdout=full, stderr=subprocess.PIPE, text=True,
+                             timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.splitlines() == ["error: cannot write the output: No space left on device",
+                                       "hint: free space where standard output goes, or send it elsewhere"]
+
+
 def test_installed_script(ckpt, tmp_path):
     exe = Path(sys.executable).parent / "eyas"
     ok = subprocess.run([exe, "inspect", ckpt, "--json"], capture_output=True, text=True, timeout=120)

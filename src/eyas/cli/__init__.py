@@ -102,3 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout left (`eyas inspect | head`): stop quietly, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
         return 128 + signal.SIGPIPE
+    except OSError as e:
+        if e.filename is not None:  # a file eyas opened: its own code says those (EyasError); this is a bug
+            raise
+        # a write to a stream already open, stdout (`> /dev/full`, a full disk): one line, as for a file
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
+        print(f"error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        print("hint: free space where standard output goes, or send it elsewhere", file=sys.stderr)
+        return 2
