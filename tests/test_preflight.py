@@ -201,6 +201,10 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["generate", "--prompt", "hi", "--draft-tokens", "100000000"], "--draft-tokens 100000000: not below the "
                                                                      "target's context of 64 tokens"),
     (["generate", "--prompt", "hi", "--tree", "6,4,64"], "--tree budget 64: not below the target's context"),
+    (["eval", "--prompts", "mtbench", "--max-new-tokens", "64"], "--max-new-tokens 64: not below the target's "
+                                                                  "context of 64 tokens"),
+    (["capture", "--out", "OUT", "--capture-layers", "1,2,3", "--max-new-tokens", "100"], "--max-new-tokens 100: "
+                                                                                         "not below"),
     (["bench", "--tree", "2,48,4"], "--tree top_k 48: not below the target's vocabulary of 48"),
     (["eval", "--depth", "1000"], "--depth 1000: not below the target's context of 64"),
     (["serve-check", "--draft-tokens", "64"], "--draft-tokens 64: not below"),
@@ -471,5 +475,6 @@ def test_a_garbled_tokenizer_is_one_line(world, tmp_path, capsys):
     garbled = tmp_path / "garbled"
     shutil.copytree(world["target"], garbled)
     (garbled / "tokenizer.json").write_text("{bad")
-    refused(capsys, ["generate", world["draft"], "--prompt", "hi", "--target", garbled, "--dtype", "fp32"],
+    refused(capsys, ["generate", world["draft"], "--prompt", "hi", "--target", garbled, "--dtype", "fp32",
+                     "--max-new-tokens", "8"],
             f"target {garbled}: its tokenizer cannot be read")  # read before the weights: seconds, not minutes

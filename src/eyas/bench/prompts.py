@@ -64,6 +64,15 @@ def _prompt_set(name: str) -> list[BenchPrompt]:
     return _with_categories(path, read_prompts(path), path.stem)
 
 
+def prompt_names(prompts: str | Path) -> list[str | Path]:
+    """The sets and files `prompts` names, joined by commas (none of them empty)."""
+    names = [prompts] if isinstance(prompts, Path) else [p.strip() for p in str(prompts).split(",")]
+    if "" in names:
+        raise FormatError(f"prompts {str(prompts)!r}: an empty name (a comma too many?)",
+                          f"name prompt sets ({', '.join(PROMPT_SETS)}) or files, separated by single commas")
+    return names
+
+
 def bench_prompts(prompts: str | Path = "mtbench", *, limit: int | None = None) -> list[BenchPrompt]:
     """The prompts of `eyas bench`, each with a category.
 
@@ -73,10 +82,7 @@ def bench_prompts(prompts: str | Path = "mtbench", *, limit: int | None = None) 
     the file name), or several of these joined by commas. `limit` keeps N prompts spread evenly
     over the categories (the first of each category, then the second, ...), in their order.
     """
-    names = [prompts] if isinstance(prompts, Path) else [p.strip() for p in str(prompts).split(",")]
-    if "" in names:
-        raise FormatError(f"prompts {str(prompts)!r}: an empty name (a comma too many?)",
-                          f"name prompt sets ({', '.join(PROMPT_SETS)}) or files, separated by single commas")
+    names = prompt_names(prompts)
     unknown = [str(n) for n in names if n not in PROMPT_SETS and not Path(n).is_file()]
     if unknown:
         raise FormatError(f"prompts {str(prompts)!r}: {', '.join(unknown)} is neither a prompt set nor a file",

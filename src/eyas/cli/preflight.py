@@ -92,20 +92,45 @@ def default_layers(args: argparse.Namespace) -> None:
                         f"{problems[0]['problem']}", f"pass --capture-layers a,b,c with 0 <= a < b < c <= {n}")
 
 
-def draft_room(args: argparse.Namespace, depths: dict[str, int | None], widths: dict[str, int | None]) -> None:
-    """Drafts that fit the target: no chain, tree depth or tree budget (`depths`) of its context's length
-    or more, no branching (`widths`) past its vocabulary. Said before anything loads: a 10^8-token chain
-    was a traceback from allocating terabytes of KV cache, minutes in."""
+def _target_config(args: argparse.Namespace) -> dict | None:
+    """The target's (text) config, read without loading anything; None for the embedded default not yet
+    converted (converting it here would hold every check after it)."""
     from eyas.cli.inputs import target_of
     from eyas.embedded import EMBEDDED_DIR, cache_dir
     from eyas.target_ref import TargetRef
 
     path = target_of(args, weights=True)
-    if path is None:  # the embedded default, once converted: converting it here would hold every check after
+    if path is None:
         path = cache_dir() / EMBEDDED_DIR
         if not (path / "config.json").is_file():
-            return
-    config = TargetRef.resolve(path, weights=False).text_config
+            return None
+    return TargetRef.resolve(path, weights=False).text_config
+
+
+def answers_prompts(a: argparse.Namespace) -> bool:
+    """Whether the verb answers prompts with the whole target (eval and doctor may read a cache instead)."""
+    return (a.command in ("capture", "generate", "bench", "serve-check") or (a.command == "eval" and not a.data)
+            or (a.command == "doctor" and bool(a.prompts)))
+
+
+def answer_room(args: argparse.Namespace) -> None:
+    """--max-new-tokens below the target's context: a prompt (a token at least) and its answer must fit,
+    so an answer as long as the context is refused from the config, not after the weights load."""
+    value, config = getattr(args, "max_new_tokens", None), _target_config(args)
+    bound = None if config is None else config.get("max_position_embeddings")
+    if isinstance(bound, int) and value is not None and value >= bound:
+        raise EyasError(f"--max-new-tokens {value}: not below the target's context of {bound} tokens (the prompt "
+                        "and its answer must fit it)",
+                        f"answer fewer tokens (e.g. --max-new-tokens {min(256, bound // 2)})")
+
+
+def draft_room(args: argparse.Namespace, depths: dict[str, int | None], widths: dict[str, int | None]) -> None:
+    """Drafts that fit the target: no chain, tree depth or tree budget (`depths`) of its context's length
+    or more, no branching (`widths`) past its vocabulary. Said before anything loads: a 10^8-token chain
+    was a traceback from allocating terabytes of KV cache, minutes in."""
+    config = _target_config(args)
+    if config is None:
+        return
     for limits, key, what in ((depths, "max_position_embeddings", "context"), (widths, "vocab_size", "vocabulary")):
         bound = config.get(key)
         for flag, value in limits.items():
@@ -172,10 +197,10 @@ def prompts(source: str | None, *, limit: int | None = None) -> None:
 
 def bench_prompts(names: str | None) -> None:
     """`eyas bench --prompts`: named sets or prompt files, joined by commas."""
-    from eyas.bench.prompts import PROMPT_SETS
+    from eyas.bench.prompts import PROMPT_SETS, prompt_names
 
-    for name in (n.strip() for n in (names or "").split(",")):
-        if name and name not in PROMPT_SETS:
+    for name in prompt_names(names or "mtbench"):
+        if name not in PROMPT_SETS:
             try:
                 prompts(name)
             except FormatError as e:  # its hint lists capture's prompt sources, not bench's sets
@@ -294,7 +319,7 @@ def _capture(a: argparse.Namespace) -> None:
     at_least(a, 2, "max_length")
     sampling(a)
     capture_layers(a)
-    target(a, weights=True, whole=True)
+    target(a, weights=True, whole=answers_prompts(a))
     prompts(a.prompts, limit=None if a.limit is None else min(a.skip + a.limit, sys.maxsize))
     # an input is named as one before it is refused for holding other files
     apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
@@ -307,7 +332,7 @@ def _eval(a: argparse.Namespace) -> None:
         raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
     at_least(a, 1, "limit", "max_new_tokens", "depth", "tree_top_k", "tree_depth")
     sampling(a)
-    target(a, weights=True, whole=not a.data)
+    target(a, weights=True, whole=answers_prompts(a))
     draft_room(a, {"--depth": a.depth, "--tree-depth": a.tree_depth}, {"--tree-top-k": a.tree_top_k})
     if a.data:
         if a.max_new_tokens is not None:
@@ -334,7 +359,7 @@ def _decoding(a: argparse.Namespace) -> None:
     at_least(a, 0, "top_k")
     sampling(a)
     shape = parse_tree(a.tree, "--tree") or (None, None, None)
-    target(a, weights=True, whole=True)
+    target(a, weights=True, whole=answers_prompts(a))
     draft_room(a, {"--draft-tokens": a.draft_tokens, "--tree depth": shape[0], "--tree budget": shape[2]},
                {"--tree top_k": shape[1]})
 
@@ -366,7 +391,7 @@ def _doctor(a: argparse.Namespace) -> None:
         raise EyasError(f"--prompts and --features {a.features} (a feature cache) both given: the doctor measures "
                         "the cache's own samples", "drop --prompts (an engine dump file takes --prompts: the wirings "
                         "are measured on their answers)")
-    target(a, weights=True, whole=bool(a.prompts))  # none: measured on a cache, or a static report
+    target(a, weights=True, whole=answers_prompts(a))  # else measured on a cache, or a static report
     prompts(a.prompts, limit=a.limit)
     features(a)
 
@@ -375,7 +400,7 @@ def _serve_check(a: argparse.Namespace) -> None:
     at_least(a, 1, "limit", "draft_tokens")
     at_least(a, 2, "max_new_tokens")
     sampling(a)
-    target(a, weights=True, whole=True)
+    target(a, weights=True, whole=answers_prompts(a))
     draft_room(a, {"--draft-tokens": a.draft_tokens}, {})
     prompts(a.prompts, limit=a.limit)
     output_file(a.dump, "--dump")
@@ -407,3 +432,5 @@ def check(args: argparse.Namespace) -> None:
         seed(args)
         drafter(args)
         verb(args)
+        if answers_prompts(args):  # last: the other checks name what they find first
+            answer_room(args)
