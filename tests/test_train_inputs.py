@@ -228,3 +228,11 @@ def test_the_command_line_names_its_flags_not_the_fields(target_dir, captured, t
 def test_device_is_read_as_every_verb_reads_it(target_dir, captured, tmp_path):
     """--device CPU passed preflight (parse_device lower-cases and strips) and then crashed in torch.device."""
     assert train(config(captured, tmp_path / "run", target_dir, device=" CPU", max_steps=1))["steps"] == 1
+
+
+def test_max_steps_caps_the_planning_of_a_huge_epoch_count(target_dir, captured, tmp_path):
+    """--epochs 10**18 with --max-steps 1 planned every epoch before the first step (a hang); only the
+    epochs the steps reach are planned. A draft deeper than any reader takes is refused up front."""
+    assert train(config(captured, tmp_path / "run", target_dir, epochs=10**18, max_steps=1))["steps"] == 1
+    with pytest.raises(EyasError, match=r"num_hidden_layers=1025 \(must be <= 1024\)"):
+        train(config(captured, tmp_path / "deep", target_dir, num_hidden_layers=1025))

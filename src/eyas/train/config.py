@@ -22,6 +22,7 @@ import torch
 from eyas.dtypes import choices, to_dtype
 from eyas.errors import EyasError
 from eyas.formats.schema import LAYER_CONVENTIONS
+from eyas.formats.values import MAX_LAYERS
 
 TRAIN_DTYPES = (torch.bfloat16, torch.float32)  # autocast of the forward, and the exported weights
 DTYPE_CHOICES = choices(TRAIN_DTYPES)
@@ -150,6 +151,8 @@ def check_config(c: TrainConfig, flags: bool = False) -> None:
     for name in ("ttt_steps", "epochs", "batch_tokens", "num_hidden_layers", "keep_checkpoints"):
         if getattr(c, name) < 1:
             bad.append(f"{said.value(name)} (must be >= 1)")
+    if c.num_hidden_layers > MAX_LAYERS:  # its export would be a draft no reader takes (eyas's own included)
+        bad.append(f"{said.value('num_hidden_layers')} (must be <= {MAX_LAYERS})")
     if c.max_len < 2:
         bad.append(f"{said.value('max_len')} (must be >= 2)")
     for name in ("max_steps", "draft_vocab"):

@@ -206,9 +206,12 @@ class _Run:
 
     def build_optimiser(self) -> None:
         c = self.config
-        self.plans = [plan_epoch(self.data.lengths, c.batch_tokens, c.seed, e, self.world_size)
-                      for e in range(c.epochs)]
-        self.total = sum(len(p) for p in self.plans)
+        self.plans, self.total = [], 0
+        for e in range(c.epochs):  # the epochs --max-steps reaches, not every one --epochs names
+            self.plans.append(plan_epoch(self.data.lengths, c.batch_tokens, c.seed, e, self.world_size))
+            self.total += len(self.plans[-1])
+            if c.max_steps is not None and self.total >= c.max_steps:
+                break
         if c.max_steps is not None:
             self.total = min(self.total, c.max_steps)
         self.optimizer, self.scheduler = make_optimizer(self.draft.drafter, lr=c.lr, weight_decay=c.weight_decay,
