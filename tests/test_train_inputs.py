@@ -236,3 +236,18 @@ def test_max_steps_caps_the_planning_of_a_huge_epoch_count(target_dir, captured,
     assert train(config(captured, tmp_path / "run", target_dir, epochs=10**18, max_steps=1))["steps"] == 1
     with pytest.raises(EyasError, match=r"num_hidden_layers=1025 \(must be <= 1024\)"):
         train(config(captured, tmp_path / "deep", target_dir, num_hidden_layers=1025))
+
+
+def test_capture_layers_the_target_lacks_are_blamed_on_the_data(target_dir, captured, tmp_path):
+    """A manifest naming layer 400 of a 4-layer target: the error names the manifest, and no flag train lacks."""
+    import json
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(captured, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["capture_layers"] = [*manifest["capture_layers"][:-1], 400]
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EyasError, match=rf"--data {data}/manifest.json: captured at layers \[.*400\]") as e:
+        train(config(data, tmp_path / "run", target_dir, max_steps=1))
+    assert "eyas capture --capture-layers" in e.value.hint and not (tmp_path / "run").exists()

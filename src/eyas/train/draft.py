@@ -23,7 +23,7 @@ from eyas.drafter_loading import resolve_drafter
 from eyas.errors import ContractError
 from eyas.formats import read_checkpoint
 from eyas.target import check_fits, target_name, target_tensors
-from eyas.train.config import TrainConfig
+from eyas.train.config import TrainConfig, data_folders
 from eyas.train.vocab import build_vocab_map, token_counts, vocab_coverage
 
 # TrainConfig fields (named as in the contract) that shape a fresh draft; with --init the draft's own
@@ -47,7 +47,7 @@ def fresh_draft(config: TrainConfig, tcfg: dict, capture_layers: list[int],
                 train_set: list[dict[str, Tensor]]) -> TrainDraft:
     """A new draft for `config.target` reading `capture_layers`, its vocab from `train_set`'s labels."""
     name = target_name(config.target)
-    base = contract_for_target(tcfg, capture_layers=tuple(capture_layers), name=name)
+    base = _base_contract(config, tcfg, capture_layers)
     V = base.vocab_size
     vd = config.draft_vocab or V
     if vd > V:
@@ -72,12 +72,24 @@ def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
     and the data first (a ContractError names the first field that does not)."""
     init = resolve_drafter(config.init, config.target)  # "default": the draft eyas ships for the target
     ckpt = read_checkpoint(init, verifier_config=tcfg, layer_convention=config.layer_convention)
-    base = contract_for_target(tcfg, capture_layers=tuple(capture_layers), name=target_name(config.target))
+    base = _base_contract(config, tcfg, capture_layers)
     contract = _init_contract(ckpt.contract, base, config)
     check_fits(contract, tcfg)
     lm_head, embed = _target_matrices(config)
     drafter = _rebuilt(contract, ckpt.tensors, lm_head, embed)
     return _trained_on(drafter, lm_head, train_set)
+
+
+def _base_contract(config: TrainConfig, tcfg: dict, capture_layers: list[int]) -> DraftContract:
+    """A fresh draft's contract for the target, reading the data's capture layers: layers the target does
+    not have are the data's fault (its manifest), said as such."""
+    try:
+        return contract_for_target(tcfg, capture_layers=tuple(capture_layers), name=target_name(config.target))
+    except ContractError as e:
+        where = " and ".join(f"{f}/manifest.json" for f in data_folders(config))
+        raise ContractError(f"--data {where}: captured at layers {list(capture_layers)}, which do not fit the target "
+                            f"({e})", "capture the data again from this target (eyas capture --capture-layers "
+                            "a,b,c), or train for the target it was captured from") from None
 
 
 def resumed_draft(config: TrainConfig, state: dict[str, Any], train_set: list[dict[str, Tensor]]) -> TrainDraft:
