@@ -28,6 +28,8 @@ def test_convert_to_still_works_with_one_warning(tmp_path, draft, capsys):
     err = capsys.readouterr().err
     assert err.count("warning: --to is deprecated; use --format") == 1
     assert read_checkpoint(tmp_path / "out").files == {"config.json": "eagle"}
+    assert main(["convert", str(draft), str(tmp_path / "again"), "--to", "eagle", "--to", "both"]) == 0  # the last
+    assert capsys.readouterr().err.count("warning: --to is deprecated; use --format") == 1  # one line, given twice
 
 
 def test_verifier_config_is_target(tmp_path, draft, capsys):

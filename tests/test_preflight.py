@@ -178,6 +178,7 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     (["eval", "--limit", "0"], "--limit 0"),
     (["eval", "--depth", "0"], "--depth 0"),
     (["doctor", "--limit", "-3"], "--limit -3"),
+    (["eval", "--prompts", "mtbench", "--against", ""], "--against is empty"),  # Path("") is the current folder
     (["doctor", "--limit", str(2**64)], f"--limit {2**64}: must be at most {2**63 - 1}"),  # islice crashed
     (["eval", "--limit", str(2**64)], f"--limit {2**64}: must be at most"),
     (["capture", "--out", "OUT", "--skip", str(2**63)], f"--skip {2**63}: must be at most"),
@@ -229,6 +230,8 @@ def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path
     refused(capsys, ["eval", d, "--data", broken, "--target", t], "manifest.json", "field 'target'")
     refused(capsys, ["eval", d, "--prompts", world["prompts"], "--plot", tmp_path / "no" / "x.png", "--target", t],
             "does not exist (--plot)")
+    refused(capsys, ["eval", d, "--prompts", world["prompts"], "--plot", a_file / "x.png", "--target", t],
+            f"{a_file} is a file, not a folder (--plot)")
     refused(capsys, ["capture", "--prompts", world["prompts"], "--out", a_file, "--target", t],
             "a-file is a file, not a folder")
     refused(capsys, ["train", "--data", tmp_path / "nowhere", "--out", tmp_path / "run", "--target", t],

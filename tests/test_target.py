@@ -228,7 +228,7 @@ def test_a_config_file_names_its_folder_and_a_lone_one_only_compares(tmp_path):
     assert resolve_target(lone / "config.json", weights=False) == lone  # enough to compare configs
     assert resolve_target(renamed, weights=False) == renamed and target_config(renamed)["vocab_size"] == 256
     for spec, why in ((lone / "config.json", "has no weight files beside it"), (lone, "has no weight files in it"),
-                      (renamed, "is a lone config, not a model folder's config.json")):
+                      (renamed, "is a file, not a model folder or its config.json")):
         with pytest.raises(FormatError, match=f"eyas capture needs the target's weights: .*{why}") as e:
             resolve_target(spec, needed_by="eyas capture")
         assert str(spec) in str(e.value) and "model.safetensors" in e.value.hint

@@ -284,7 +284,7 @@ def _resolve_path(spec: str | Path | None, *, weights: bool, needed_by: str) -> 
     if path.is_file():
         if path.name != "config.json":  # a config under another name stands for no model folder
             if weights:
-                raise _no_weights(needed_by, f"{given} is a lone config, not a model folder's config.json")
+                raise _no_weights(needed_by, f"{given} is a file, not a model folder or its config.json")
             return path
         path = path.parent
     if not (path / "config.json").is_file():

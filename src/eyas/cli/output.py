@@ -26,7 +26,10 @@ def new_command() -> None:
 
 
 def warning_said(message: str) -> None:
-    """Print eyas's warning as one `warning:` line on stderr, and keep it for the JSON object."""
+    """Print eyas's warning as one `warning:` line on stderr, and keep it for the JSON object; said once
+    (a deprecated flag given twice is one line)."""
+    if message in _said:
+        return
     _said.append(message)
     print(f"warning: {message}", file=sys.stderr)
 

@@ -65,9 +65,10 @@ def output_file(path: str | Path | None, flag: str) -> None:
         return
     if path.is_dir():
         raise EyasError(f"{path} is a folder ({flag})", f"give {flag} a file path")
-    if not path.absolute().parent.is_dir():
-        raise EyasError(f"{path}: the folder {path.absolute().parent} does not exist ({flag})",
-                        "create it first, or choose another path")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise EyasError(f"{path}: {parent} " + ("is a file, not a folder" if parent.exists() else "does not exist")
+                        + f" ({flag})", "create the folder first, or choose another path")
     _writable_above(path, flag)
 
 

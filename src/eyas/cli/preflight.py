@@ -209,7 +209,9 @@ def bench_prompts(names: str | None) -> None:
 
 
 def existing(path: str | Path, flag: str) -> Path:
-    """An input path that must exist."""
+    """An input path that must exist (an empty one is not the current folder, which Path("") names)."""
+    if not str(path).strip():
+        raise EyasError(f"{flag} is empty", f"give {flag} a path")
     path = Path(path)
     if not path.exists():
         raise FormatError(f"{path} does not exist ({flag})", f"check the path given to {flag}")
