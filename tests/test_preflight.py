@@ -481,3 +481,26 @@ def test_a_garbled_tokenizer_is_one_line(world, tmp_path, capsys):
     refused(capsys, ["generate", world["draft"], "--prompt", "hi", "--target", garbled, "--dtype", "fp32",
                      "--max-new-tokens", "8"],
             f"target {garbled}: its tokenizer cannot be read")  # read before the weights: seconds, not minutes
+
+
+@pytest.fixture(scope="module")
+def a_capture(world) -> Path:
+    out = world["root"] / "a-capture"
+    assert main(["capture", "--target", str(world["target"]), "--prompts", str(world["prompts"]), "--out", str(out),
+                 "--capture-layers", ",".join(map(str, LAYERS)), "--max-new-tokens", "4", "--dtype", "fp32",
+                 "--no-progress"]) == 0
+    return out
+
+
+def test_resuming_a_capture_under_other_settings_is_refused_before_the_target_loads(world, a_capture, capsys,
+                                                                                    no_loading):
+    """Other dtype, layers or answer length than the folder's capture: said from the flags and the config,
+    every difference named (it was said after the weights had loaded)."""
+    before = (a_capture / "manifest.json").read_bytes()
+    line = refused(capsys, ["capture", "--target", world["target"], "--prompts", world["prompts"], "--out", a_capture,
+                            "--capture-layers", "1,2,3", "--max-new-tokens", "5", "--dtype", "bf16"],
+                   f"{a_capture}/manifest.json describes a different capture")
+    for said in ('capture_layers: [1, 2, 4] there, [1, 2, 3] now', 'dtype: "float32" there, "bfloat16" now',
+                 "generation.max_new_tokens: 4 there, 5 now"):
+        assert said in line, line
+    assert (a_capture / "manifest.json").read_bytes() == before

@@ -91,13 +91,7 @@ def start_manifest(out_dir: Path, plan: dict, skipped: list, norm_digest: str | 
     path = out_dir / MANIFEST
     if path.exists():
         old = read_manifest(out_dir)
-        differ = [key for key in plan if old.get(key) != plan[key]]
-        if differ:
-            changes = "; ".join(f"{key}: {_short(old.get(key))} there, {_short(plan[key])} now" for key in differ)
-            raise ContractError(
-                f"{path} describes a different capture ({changes})",
-                "rerun with the same arguments to resume, or capture into a new folder",
-            )
+        same_plan(old, plan, path)
         _same_weights(old, path, plan["target"]["name"], norm_digest)
         return old
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +101,16 @@ def start_manifest(out_dir: Path, plan: dict, skipped: list, norm_digest: str | 
         manifest[NORM_DIGEST] = norm_digest
     write_json(path, manifest)
     return manifest
+
+
+def same_plan(old: dict, plan: dict, path: Path) -> None:
+    """Refuse resuming the capture `old` (its manifest at `path`) under another plan, naming every key of
+    `plan` that differs (a part of a plan: capture's preflight compares what it knows before loading)."""
+    differ = [key for key in plan if old.get(key) != plan[key]]
+    if differ:
+        changes = "; ".join(f"{key}: {_short(old.get(key))} there, {_short(plan[key])} now" for key in differ)
+        raise ContractError(f"{path} describes a different capture ({changes})",
+                            "rerun with the same arguments to resume, or capture into a new folder")
 
 
 def forget_capture(out_dir: Path, made: list[Path]) -> None:
