@@ -232,6 +232,9 @@ def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path
             "does not exist (--plot)")
     refused(capsys, ["eval", d, "--prompts", world["prompts"], "--plot", a_file / "x.png", "--target", t],
             f"{a_file} is a file, not a folder (--plot)")
+    if Path("/dev/null").exists():  # a run as root renamed its plot over the device node
+        refused(capsys, ["eval", d, "--prompts", world["prompts"], "--plot", "/dev/null", "--target", t],
+                "/dev/null is not a regular file")
     refused(capsys, ["capture", "--prompts", world["prompts"], "--out", a_file, "--target", t],
             "a-file is a file, not a folder")
     refused(capsys, ["train", "--data", tmp_path / "nowhere", "--out", tmp_path / "run", "--target", t],

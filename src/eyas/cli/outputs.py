@@ -65,6 +65,9 @@ def output_file(path: str | Path | None, flag: str) -> None:
         return
     if path.is_dir():
         raise EyasError(f"{path} is a folder ({flag})", f"give {flag} a file path")
+    if path.exists() and not path.is_file():  # the write renames a new file over it: as root, /dev/null's node
+        raise EyasError(f"{path} is not a regular file (a device, a pipe, a socket): writing {flag} would replace "
+                        "it", f"give {flag} a path to a regular file, or a new one")
     parent = path.absolute().parent
     if not parent.is_dir():
         raise EyasError(f"{path}: {parent} " + ("is a file, not a folder" if parent.exists() else "does not exist")
