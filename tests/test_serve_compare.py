@@ -259,3 +259,25 @@ def test_an_unusable_draft_is_refused_before_the_target_loads_or_the_engine_star
     (draft / "model.safetensors").unlink()
     with pytest.raises(FormatError, match=r"draft: no weights"):
         sc.serve_check(draft, target=target.path)
+
+
+def test_a_worker_that_dies_is_one_error_line_under_its_own_log_lines(tmp_path, monkeypatch, capsys):
+    """vLLM's traceback is the engine's words: printed as `vllm|` lines, then eyas's one-line error with its
+    last line (it was folded into the error itself, between `error:` and `hint:`)."""
+    import stat
+
+    from eyas.engines import launch
+    from eyas.errors import EyasError
+
+    py = tmp_path / "vllm" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\necho 'ValueError: head_dim 8 unsupported'\n"
+                  "exit 3\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv(launch.ENGINES_ENV, str(tmp_path))
+    with pytest.raises(EyasError) as e:
+        launch.run_vllm({"runs": [], "prompts": []}, timeout=60, progress=False)
+    assert str(e.value) == "the vLLM worker exited with code 3 and no result: ValueError: head_dim 8 unsupported"
+    assert "\n" not in str(e.value) and "vllm|" in e.value.hint
+    assert capsys.readouterr().err.splitlines() == ["vllm| Traceback (most recent call last):",
+                                                    "vllm| ValueError: head_dim 8 unsupported"]

@@ -94,9 +94,12 @@ def run_vllm(job: dict[str, Any], *, timeout: float, progress: bool = True) -> d
             finally:
                 _kill_group(proc)  # also on Ctrl-C and on any error above
         if not result_path.is_file():
-            tail = log_path.read_text(errors="replace").splitlines()[-15:]
-            raise EyasError(f"the vLLM worker exited with code {proc.returncode} and no result:\n" + "\n".join(tail),
-                            f"check the engine install ({INSTALL_COMMAND})")
+            tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-15:]
+            for line in tail:  # the engine's own words, marked as its, above eyas's one-line error
+                print(f"vllm| {line}", file=sys.stderr)
+            raise EyasError(f"the vLLM worker exited with code {proc.returncode} and no result"
+                            + (f": {tail[-1].strip()}" if tail else ""),
+                            f"its last log lines are above (vllm|); check the engine install ({INSTALL_COMMAND})")
         result = json.loads(result_path.read_text())
     if result.get("error"):
         raise EyasError(f"vLLM cannot run: {result['error']}", f"reinstall the engine: {INSTALL_COMMAND}")
