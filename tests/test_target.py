@@ -412,6 +412,15 @@ def test_a_target_transformers_cannot_build_faithfully_is_refused_naming_it(tmp_
     assert says in str(e.value), str(e.value)
 
 
+def test_a_target_with_nan_weights_answers_nothing_and_says_so(tmp_path):
+    """Its logits are NaN: argmax made it token 0, an empty answer and exit 0; refused at the prefill."""
+    from eyas.decode import generate
+
+    folder = _damaged_target(tmp_path, "nan", None, lambda w: w["model.layers.1.mlp.up_proj.weight"].fill_(math.nan))
+    with pytest.raises(EyasError, match=r"the target's logits on the prompt are not finite"):
+        generate(Target.load(folder), None, [1, 2, 3], max_new_tokens=4)
+
+
 def test_a_target_with_nan_weights_captures_nothing(tmp_path):
     """Its features are NaN: refused naming the target and the prompt, and no shard is written."""
     folder = _damaged_target(tmp_path, "nan", None, lambda w: w["model.layers.1.mlp.up_proj.weight"].fill_(math.nan))

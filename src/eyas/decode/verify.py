@@ -32,10 +32,14 @@ def prefill(model: Target | LeanTarget, prompt: Tensor, capture: Sequence[int], 
     tokens and one round's draft); transformers' cache grows as needed."""
     if isinstance(model, LeanTarget):
         positions = torch.arange(prompt.shape[1], device=prompt.device)[None]
-        return model.forward(prompt, positions, model.new_cache(max_len), capture, logit_rows=slice(-1, None))
-    out = model.forward(prompt, capture)
-    check_cache(out.past_key_values)
-    out.logits = out.logits[:, -1:]
+        out = model.forward(prompt, positions, model.new_cache(max_len), capture, logit_rows=slice(-1, None))
+    else:
+        out = model.forward(prompt, capture)
+        check_cache(out.past_key_values)
+        out.logits = out.logits[:, -1:]
+    if not bool(torch.isfinite(out.logits).all()):  # argmax of NaN is token 0: an answer of nothing, exit 0
+        raise EyasError("the target's logits on the prompt are not finite (NaN or inf)",
+                        "check the target's weights for NaN/inf, or run it in bf16 or fp32 (fp16 overflows)")
     return out
 
 
