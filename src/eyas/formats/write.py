@@ -174,7 +174,8 @@ def convert_checkpoint(
     linked = _linked_into(src_p, dst_p)
     if linked is not None:
         raise FormatError(f"{dst}: DST holds the file {linked.resolve()} that SRC's {linked.name} links to: writing "
-                          "DST would delete or rewrite the source", "choose a DST that holds none of the source's files")
+                          "DST would delete or rewrite the source",
+                          "choose a DST that holds none of the source's files")
     source = read_checkpoint(src_p, layer_convention=layer_convention, verifier_config=verifier_config)
     if source.problems:  # strict reading leaves only the disagreements that change the draft here
         raise FormatError(source.problems[0]["problem"], source.problems[0]["fix"])
