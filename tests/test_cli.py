@@ -244,6 +244,7 @@ def test_convert_records_the_verifier(tmp_path, capsys):
     assert code == 0, err
     rep = json.loads(out)
     assert rep["contract"]["capture_layers"] is None  # unnamed as in the source: engines pick per target
+    assert "capture_layers_not_recorded" not in [p["code"] for p in rep["problems"]]  # check --target says none
     assert rep["contract"]["verifier"]["name_or_path"] == "org/target"
     assert rep["contract"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
     assert any("assuming the engines' default [2, 4, 5]" in text_of(w) for w in rep["warnings"])
@@ -482,15 +483,19 @@ def test_debug_env_reraises(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
-def test_a_stdout_the_machine_refuses_is_one_line(ckpt, json_flag):
-    """`> /dev/full`: every write fails with ENOSPC, as on a full disk; said in one line, exit 2."""
+def test_a_stdout_the_machine_refuses_is_one_line(ckpt, tmp_path, json_flag):
+    """`> /dev/full`: every write fails with ENOSPC, as on a full disk; said in one line, exit 2. An error's
+    own JSON object that stdout refuses leaves the error's lines alone on stderr."""
     exe = Path(sys.executable).parent / "eyas"
     with open("/dev/full", "w") as full:
         run = subprocess.run([exe, "inspect", ckpt, *json_flag], stdout=full, stderr=subprocess.PIPE, text=True,
                              timeout=120)
+        failed = subprocess.run([exe, "check", tmp_path / "nothing", *json_flag], stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert run.stderr.splitlines() == ["error: cannot write the output: No space left on device",
                                        "hint: free space where standard output goes, or send it elsewhere"]
+    assert failed.returncode == 2 and [line.split(":")[0] for line in failed.stderr.splitlines()] == ["error", "hint"]
 
 
 def test_installed_script(ckpt, tmp_path):

@@ -193,7 +193,8 @@ def test_doctor_exit_code_follows_the_verdict(target, draft, prompts, capsys):
 def test_serve_check_without_the_engine_names_the_install_command(draft, target, tmp_path, monkeypatch, capsys):
     """The engine run itself is tests/test_engine_vllm.py; here: a missing engine is one error line, exit 2."""
     monkeypatch.setenv("EYAS_ENGINES", str(tmp_path / "no-engines"))
-    code, out, err = run(capsys, "serve-check", draft, "--target", target, "--limit", "1", "--json")
+    code, out, err = run(capsys, "serve-check", draft, "--target", target, "--limit", "1", "--max-new-tokens", "8",
+                          "--json")
     assert code == 2 and json.loads(out)["exit_code"] == 2
     assert "vllm is not installed" in err and "bash scripts/install-engines.sh" in err
     assert not (tmp_path / "no-engines").exists()

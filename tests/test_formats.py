@@ -818,7 +818,8 @@ def test_a_scaled_embedding_is_warned(tmp_path, fields, said):
 
 
 @pytest.mark.parametrize("fields", [{"embed_scale": 8.0}, {"target_model_type": "gemma3_text"},
-                                    {"embed_scale": 1.0, "target_model_type": "gemma3_text"}])
+                                    {"embed_scale": 1.0, "target_model_type": "gemma3_text"},
+                                    {"target_model_type": ""}])  # names no type: read as absent
 def test_a_trainers_embedding_scale_survives_every_conversion(tmp_path, fields):
     """SpecForge's embed_scale and target_model_type are kept (contract embed_scale, verifier.model_type) and
     written again into every format, so each output warns as its source did, and a stated 1 stays unscaled."""
@@ -831,7 +832,7 @@ def test_a_trainers_embedding_scale_survives_every_conversion(tmp_path, fields):
         return [w["field"] for w in read_checkpoint(path).warnings if w["code"] == "embed_scale_ignored"]
     source = read_checkpoint(src)
     assert (source.contract.embed_scale, source.contract.verifier.model_type) == (
-        fields.get("embed_scale"), fields.get("target_model_type"))
+        fields.get("embed_scale"), fields.get("target_model_type") or None)
     hops = [("speculators", "s"), ("eagle", "e"), ("both", "b")]
     for to, name in hops:
         _, written = convert_checkpoint(src if name == "s" else tmp_path / "s", tmp_path / name, to)

@@ -251,3 +251,12 @@ def test_capture_layers_the_target_lacks_are_blamed_on_the_data(target_dir, capt
     with pytest.raises(EyasError, match=rf"--data {data}/manifest.json: captured at layers \[.*400\]") as e:
         train(config(data, tmp_path / "run", target_dir, max_steps=1))
     assert "eyas capture --capture-layers" in e.value.hint and not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_log_line_the_disk_refuses_is_one_error():
+    """The step log is appended, not written atomically: a full disk there is eyas's one line, not a traceback."""
+    from eyas.train.checkpoint import append_log
+
+    with pytest.raises(EyasError, match=r"/dev/full: cannot write it \(No space left on device\)"):
+        append_log(Path("/dev/full"), {"step": 1})

@@ -64,7 +64,7 @@ def _os_error(e: BaseException | None) -> OSError | None:
 
 
 @contextmanager
-def _writing(path: Path) -> Iterator[None]:
+def writing(path: Path) -> Iterator[None]:
     """The machine's refusals to write `path` as the user's error (exit 2), not eyas's traceback.
     safetensors reports them as a SafetensorError saying "I/O error", torch.save as a RuntimeError
     over the OSError; any other is a bug, and rises."""
@@ -86,7 +86,7 @@ def _writing(path: Path) -> Iterator[None]:
 def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """`write(f)` into a temp file beside `path`, then fsync and rename it over `path`."""
     path = Path(path)
-    with _writing(path):
+    with writing(path):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -129,7 +129,7 @@ def temp_file(path: str | Path) -> Iterator[Path]:
     on an error it is removed and `path` is untouched.
     """
     path = Path(path)
-    with _writing(path):
+    with writing(path):
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         tmp = Path(name)
@@ -152,12 +152,12 @@ def temp_folder(dst: str | Path, *, replace: bool = False) -> Iterator[Path]:
     """
     dst, done, made = Path(dst), False, []
     try:
-        with _writing(dst):
+        with writing(dst):
             made = make_folders(dst.parent)
             tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
         try:
             yield tmp
-            with _writing(dst):
+            with writing(dst):
                 for f in tmp.rglob("*"):
                     if f.is_file():
                         fsync_path(f)
@@ -174,7 +174,7 @@ def temp_folder(dst: str | Path, *, replace: bool = False) -> Iterator[Path]:
 def make_folders(folder: Path) -> list[Path]:
     """Make `folder` and its missing parents; those it made, innermost first (for `remove_empty`)."""
     made = list(itertools.takewhile(lambda p: not p.exists(), [folder, *folder.parents]))
-    with _writing(folder):  # a folder the machine will not make (/proc/x, a read-only mount) is one line
+    with writing(folder):  # a folder the machine will not make (/proc/x, a read-only mount) is one line
         folder.mkdir(parents=True, exist_ok=True)
     return made
 

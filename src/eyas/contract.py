@@ -236,7 +236,7 @@ def expected_shapes(c: DraftContract) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-_RECORD_IDS = "record the layers the draft was trained on (eyas convert writes them explicitly)"
+_RECORD_IDS = f"write the layers the draft was trained on into its config ({IDS})"
 
 
 def capture_layer_problems(c: DraftContract, num_target_layers: int) -> list[dict[str, str]]:

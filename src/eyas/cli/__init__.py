@@ -28,6 +28,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from eyas.cli.output import new_command, print_json, progress_bars, warning_said
 from eyas.cli.parser import UsageError, build_parser
@@ -63,15 +64,71 @@ def _json_error(message: str, hint: str | None) -> None:
     print_json({"error": message, "hint": hint, "exit_code": 2})
 
 
+class StdoutRefused(Exception):
+    """A write to standard output that the machine refused (`> /dev/full`, a full disk): not a file eyas
+    opened, whose writes say their own errors (EyasError), nor a reader gone (BrokenPipeError)."""
+
+
+class _GuardedStdout:
+    """sys.stdout for the length of one command: its refused writes raise StdoutRefused."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutRefused(e.strerror or str(e)) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutRefused(e.strerror or str(e)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null: the interpreter's exit would flush it, and fail, again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a test's capture): nothing is flushed at exit
+        pass
+
+
+def _said_on_stdout(say: Callable[..., None], *args: Any) -> None:
+    """A reader of stdout gets one JSON object on every exit, where stdout takes it (the error itself is
+    on stderr already)."""
+    try:
+        say(*args)
+    except (StdoutRefused, BrokenPipeError):
+        _silence_stdout()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (`eyas`); returns the exit code."""
+    stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: list[str] | None) -> int:
     new_command()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except UsageError as e:  # printed already; under --json stdout gets its one JSON object too
         if "--json" in (sys.argv[1:] if argv is None else argv):
-            _json_error(e.message, e.hint)
+            _said_on_stdout(_json_error, e.message, e.hint)
         return 2
     except SystemExit as e:  # --help (0)
         return int(e.code or 0)
@@ -90,23 +147,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
-        if getattr(args, "json", False):  # a reader of stdout gets one JSON object on every exit
-            _json_error(str(e), e.hint)
+        if getattr(args, "json", False):
+            _said_on_stdout(_json_error, str(e), e.hint)
         return 2
     except Interrupted as e:  # SIGINT / SIGTERM: what was kept (capture, train: how to resume)
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank is told; rank 0 says it once
             print(e, file=sys.stderr)
-            if getattr(args, "json", False):  # a reader of stdout gets one JSON object on every exit
-                print_json({"interrupted": signal.Signals(e.signum).name, "note": str(e), "exit_code": e.exit_code})
+            if getattr(args, "json", False):
+                _said_on_stdout(print_json, {"interrupted": signal.Signals(e.signum).name, "note": str(e),
+                                             "exit_code": e.exit_code})
         return e.exit_code
     except BrokenPipeError:  # the reader of stdout left (`eyas inspect | head`): stop quietly, as `cat` does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
+        _silence_stdout()
         return 128 + signal.SIGPIPE
-    except OSError as e:
-        if e.filename is not None:  # a file eyas opened: its own code says those (EyasError); this is a bug
-            raise
-        # a write to a stream already open, stdout (`> /dev/full`, a full disk): one line, as for a file
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
-        print(f"error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+    except StdoutRefused as e:  # one line, as for a file eyas writes
+        _silence_stdout()
+        print(f"error: cannot write the output: {e}", file=sys.stderr)
         print("hint: free space where standard output goes, or send it elsewhere", file=sys.stderr)
         return 2

@@ -242,8 +242,8 @@ def _read_embedding_scale(p: Parsed, cfg: dict) -> None:
     (eyas writes them into both): kept in the contract, and a scaled embedding warned."""
     p.read(cfg, "embed_scale", positive, default=None)
     target_type = cfg.get("target_model_type")
-    if target_type is not None:
-        target_type = text(p.file, "target_model_type", target_type)
+    if target_type is not None:  # "" names no type: read as absent, as it is written back
+        target_type = text(p.file, "target_model_type", target_type) or None
     p.set("verifier_model_type", target_type, f"{p.file}: target_model_type" if target_type else "not recorded",
           assumed=target_type is None)
     if (scaled := embed_scale(p.fields["embed_scale"], target_type, p.fields["hidden_size"])) is not None:

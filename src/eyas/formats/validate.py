@@ -256,15 +256,20 @@ def vocab_map_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> li
     return out
 
 
+# the findings of a vocab map read whole (complete_vocab_map): what convert writes is not bit-identical to them
+VOCAB_MAP_COMPLETED = ("t2d_derived", "d2t_cast", "t2d_cast")
+
+
 def complete_vocab_map(
     c: DraftContract, tensors: dict[str, torch.Tensor], where: str
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, str]]]:
     """`tensors` with the vocab map the engines serve made whole, and a warning for each thing filled in.
 
     Engines read d2t alone and cast it on load (vLLM copies it into an int64 parameter, SGLang adds an
-    int64 arange), so a draft storing a valid d2t without t2d, or as int32, is served as intended: its
-    map is completed here (t2d derived from d2t, d2t cast to int64) instead of refused. Only a d2t of the
-    right shape whose values pass the rule is completed; anything else is left to vocab_map_problems.
+    int64 arange), so a draft storing a valid d2t without t2d, or as int32, or a t2d of integer 0s and 1s,
+    is served as intended: its map is completed here (t2d derived from d2t, d2t cast to int64, t2d cast to
+    bool) instead of refused. Only a d2t of the right shape whose values pass the rule is completed;
+    anything else is left to vocab_map_problems.
     """
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     integer = d2t is not None and _integers(d2t)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from eyas.atomic import make_folders, remove_empty, write_atomic, write_text
+from eyas.atomic import make_folders, remove_empty, write_atomic, write_text, writing
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
 from eyas.jsonsafe import dumps
@@ -171,7 +171,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def append_log(log: Path, record: dict[str, Any]) -> None:
-    with open(log, "a", encoding="utf-8") as f:
+    """One record more (appended, not rewritten: the log grows each step); a full disk is one line."""
+    with writing(log), open(log, "a", encoding="utf-8") as f:
         f.write(dumps(record) + "\n")  # an interval from one held-out sample is NaN: null
 
 
