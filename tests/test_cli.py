@@ -419,17 +419,18 @@ def test_bad_input(tmp_path, capsys, case):
 
 
 def test_disagreeing_configs_are_shown_refused_by_convert_and_graded_by_check(tmp_path, capsys):
-    """inspect shows any folder it can read; convert would drop one file's word; check lists the problem."""
+    """inspect shows any folder it can read, and exits as check does; convert would drop one file's word;
+    check lists the problem."""
     path, c = _good(tmp_path)
     _bad_disagree(path, c)
     code, out, err = _run(capsys, "inspect", path, "--json")
     rep = json.loads(out)
-    assert code == 0 and rep["files"] == {"config.json": "speculators", "config_speculators.json": "speculators"}
+    assert code == 1 and rep["files"] == {"config.json": "speculators", "config_speculators.json": "speculators"}
     assert [(d["code"], d["field"]) for d in rep["disagreements"]] == [
         ("config_files_disagree_vocab", "draft_vocab_size")
     ]
     code, text, _ = _run(capsys, "inspect", path)
-    assert code == 0 and "disagreements (the contract is read from config.json):" in text
+    assert code == 1 and "disagreements (the contract is read from config.json):" in text
     assert "problem [draft_vocab_size] config_speculators.json and config.json disagree on draft_vocab_size" in text
     code, out, err = _run(capsys, "convert", path, tmp_path / "out", "--format", "eagle")
     lines = err.strip().splitlines()

@@ -67,7 +67,7 @@ def test_a_disagreement_that_changes_the_draft_is_a_problem(two_files, capsys):
     ck = read_checkpoint(two_files)  # still read
     assert [p["code"] for p in ck.problems] == ["config_files_disagree_capture_layers"]
     assert ck.contract.capture_layers == (2, 15, 27)
-    assert main(["inspect", str(two_files)]) == 0
+    assert main(["inspect", str(two_files)]) == 1  # shown, and graded as check grades it
     capsys.readouterr()
     assert main(["check", str(two_files), "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)

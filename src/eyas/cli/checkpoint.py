@@ -189,7 +189,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print_json(rep)
     else:
         print(format_inspect(rep))
-    return 1 if rep["problems"] else 0
+    return 1 if ckpt.problems else 0  # a tensor that misfits, config files that disagree on what it computes
 
 
 # --- check --------------------------------------------------------------------------------------

@@ -178,7 +178,8 @@ def add_deprecated_alias(p: argparse._ActionsContainer, old: str, new: argparse.
 
 def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("inspect", cmd_inspect, "config files and formats, the contract, tensors, what each engine will do, "
-                "problems and warnings; exit 0, 1 when it lists problems, 2 unreadable")
+                "problems and warnings; exit 0, 1 when a tensor misfits or the config files disagree on what it computes "
+                "(check's problems with the draft as read), 2 unreadable")
     add_drafter(p, "a draft folder, or a single draft config .json (tensor checks skipped)")
     named = p.add_mutually_exclusive_group()  # --target, or its old name --verifier-config
     target = add_target(named, use="its depth resolves the default capture layers, its facts fill the verifier")
