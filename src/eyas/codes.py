@@ -6,7 +6,8 @@ carry the code, and the doctor ranks findings by the code's fault slug, never by
 
 Each code has one rule, written once (in eyas.formats.parse / compare / read / validate, eyas.check
 or eyas.contract), and this table says what kind of fault it is: `severity` says whether it is a
-problem (check exits 1) or a warning; `slug` names the doctor's fault it points at (None: it does
+problem (check exits 1) or a warning (a consumer's warning is a problem under `check --engine` for that
+engine: `as_problem`); `slug` names the doctor's fault it points at (None: it does
 not change what the draft computes, or it only says that a default was assumed, which the doctor
 measures). A warning with a slug is a fault in some reader only (an engine that wires the draft
 otherwise, a field one transformers version reads and another ignores), not in eyas's reading.

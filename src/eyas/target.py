@@ -31,7 +31,6 @@ from eyas.devices import RUN_OVERHEAD, check_fits_memory, free_bytes, gib
 from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.target_ref import (
-    TOKENIZER_FILES,
     TargetRef,
     load_target_embeddings,
     resolve_target,
@@ -172,15 +171,17 @@ def _tokenizer(ref: TargetRef) -> Any:
     where transformers cannot read it (a garbled tokenizer.json)."""
     from transformers import AutoTokenizer
 
-    if not any((ref.path / f).is_file() for f in TOKENIZER_FILES):
+    if not ref.has_tokenizer():
         return None
     try:
         return AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, ArithmeticError, RuntimeError) as e:
         why = (str(e).strip().splitlines() or [""])[0][:300]  # AutoTokenizer reads config.json too
+        hint = ("install the library it names (a slow tokenizer needs sentencepiece or protobuf)"
+                if isinstance(e, ImportError) else "check config.json, and copy the target's tokenizer files "
+                "(tokenizer.json, tokenizer_config.json) again")
         raise FormatError(f"target {ref.path}: its tokenizer cannot be read, with its config.json "
-                          f"({type(e).__name__}: {why})", "check config.json, and copy the target's tokenizer files "
-                          "(tokenizer.json, tokenizer_config.json) again") from e
+                          f"({type(e).__name__}: {why})", hint) from e
 
 
 def _from_pretrained(ref: TargetRef, placement: dict) -> torch.nn.Module:

@@ -216,10 +216,14 @@ class TargetRef:
         """The weights' size once loaded in `dtype` (default: this ref's), from the files' headers."""
         return weight_bytes(self.folder, dtype or self.dtype)
 
+    def has_tokenizer(self) -> bool:
+        """Whether the target's folder ships a tokenizer (a file transformers builds one from)."""
+        return any((self.folder / f).is_file() for f in TOKENIZER_FILES)
+
     def missing_chat(self) -> str | None:
         """Why prompts cannot be answered as a chat's assistant turn (None: they can): no tokenizer files, or
         no chat template beside them. From the files alone, so a verb says it before the model loads."""
-        if not any((self.folder / f).is_file() for f in TOKENIZER_FILES):
+        if not self.has_tokenizer():
             return f"{self.folder} has no tokenizer ({', '.join(TOKENIZER_FILES)})"
         if any((self.folder / f).is_file() for f in ("chat_template.jinja", "chat_template.json")):
             return None
@@ -274,7 +278,8 @@ def _tensor_names(folder: Path) -> set[str]:
             return set(read_tensors(folder))
     except UNREADABLE as e:  # truncated, garbled: said here, where a verb first reads the target's weights
         raise FormatError(f"target weights {found}: not readable ({str(e).strip()[:200]})",
-                          "the file is truncated or damaged: copy the target's weights again") from None
+                          "check the file's permissions; if it is truncated or damaged, copy the target's weights "
+                          "again") from None
 
 
 def _resolve_path(spec: str | Path | None, *, weights: bool, needed_by: str) -> Path:

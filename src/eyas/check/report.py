@@ -62,7 +62,8 @@ def check_checkpoint(
     Its mismatches, warnings otherwise (another engine may serve the draft as its contract says), are
     problems then, and so is its refusing the draft.
 
-    Raises FormatError only when the input cannot be read at all (no config, malformed JSON, a config
+    Raises ValueError for an unknown `engine` or `layer_convention` (a caller's bug), and FormatError only
+    when the input cannot be read at all (no config, malformed JSON, a config
     of neither format, weights that cannot be read, an unreadable target); everything else is a
     finding in the report.
     """

@@ -336,6 +336,7 @@ def resumed_capture(a: argparse.Namespace) -> None:
     the rest (the prompts' digest, the chat template, the context, the weights' digest) once it has."""
     from eyas.cli.inputs import capture_layers_of, target_of
     from eyas.contract import default_capture_layers
+    from eyas.data.capturing import plan_head
     from eyas.data.shards import MANIFEST, read_manifest, same_plan
     from eyas.dtypes import to_dtype
     from eyas.target_ref import TargetRef
@@ -344,10 +345,8 @@ def resumed_capture(a: argparse.Namespace) -> None:
     if not path.is_file() or config is None:
         return
     old, ref = read_manifest(Path(a.out)), TargetRef.resolve(target_of(a, weights=True), weights=False)
-    plan = {"target": {"name": ref.name, "num_layers": ref.num_layers, "hidden_size": ref.hidden_size,
-                       "vocab_size": ref.vocab_size},
-            "capture_layers": list(capture_layers_of(a.capture_layers) or default_capture_layers(ref.num_layers)),
-            "dtype": str(to_dtype(a.dtype)).removeprefix("torch.")}
+    layers = capture_layers_of(a.capture_layers) or default_capture_layers(ref.num_layers)
+    plan = plan_head(ref, layers, to_dtype(a.dtype))
     # not max_length: the capture records the context transformers' config reads, which may be its class default
     answers = {"max_new_tokens": a.max_new_tokens, "skip_long": a.skip_long}
     same_plan({**old, **{f"generation.{k}": (old.get("generation") or {}).get(k) for k in answers}},

@@ -44,7 +44,7 @@ from eyas.errors import ContractError, EyasError, FormatError
 from eyas.interrupt import Guard, on_signals
 
 if TYPE_CHECKING:
-    from eyas.target import Target
+    from eyas.target import Target, TargetRef
 
 
 def capture(
@@ -254,14 +254,7 @@ def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "target": {
-            "name": target.name,
-            "num_layers": target.num_layers,
-            "hidden_size": target.hidden_size,
-            "vocab_size": target.vocab_size,
-        },
-        "capture_layers": layers,
-        "dtype": str(dtype).removeprefix("torch."),
+        **plan_head(target, layers, dtype),
         "shard_size": shard_size,
         "prompts": {
             "count": len(prompts),
@@ -273,6 +266,14 @@ def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch
                        "chat_template_sha256": text_sha256(json.dumps(target.tokenizer.chat_template, sort_keys=True)),
                        **sampling},
     }
+
+
+def plan_head(target: Target | TargetRef, layers: Sequence[int], dtype: torch.dtype) -> dict[str, Any]:
+    """The part of a capture's plan its target's config and the flags decide: capture's preflight compares
+    it before the target loads (a TargetRef), the capture after (the Target)."""
+    return {"target": {"name": target.name, "num_layers": target.num_layers, "hidden_size": target.hidden_size,
+                       "vocab_size": target.vocab_size},
+            "capture_layers": list(layers), "dtype": str(dtype).removeprefix("torch.")}
 
 
 def _refuse_non_finite(target: Target, prompt: Prompt, sample: dict[str, torch.Tensor]) -> None:

@@ -37,7 +37,9 @@ def prefill(model: Target | LeanTarget, prompt: Tensor, capture: Sequence[int], 
         out = model.forward(prompt, capture)
         check_cache(out.past_key_values)
         out.logits = out.logits[:, -1:]
-    if not bool(torch.isfinite(out.logits).all()):  # argmax of NaN is token 0: an answer of nothing, exit 0
+    # NaN's argmax is token 0 (an answer of nothing, exit 0); an inf is refused too: logits overflow only
+    # where the weights or the dtype are wrong, and every later token would be chosen from them
+    if not bool(torch.isfinite(out.logits).all()):
         raise EyasError("the target's logits on the prompt are not finite (NaN or inf)",
                         "check the target's weights for NaN/inf, or run it in bf16 or fp32 (fp16 overflows)")
     return out

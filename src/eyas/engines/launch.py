@@ -99,7 +99,8 @@ def run_vllm(job: dict[str, Any], *, timeout: float, progress: bool = True) -> d
                 print(f"vllm| {line}", file=sys.stderr)
             raise EyasError(f"the vLLM worker exited with code {proc.returncode} and no result"
                             + (f": {tail[-1].strip()}" if tail else ""),
-                            f"its last log lines are above (vllm|); check the engine install ({INSTALL_COMMAND})")
+                            ("its last log lines are above (vllm|); " if tail else "it logged nothing; ")
+                            + f"check the engine install ({INSTALL_COMMAND})")
         result = json.loads(result_path.read_text())
     if result.get("error"):
         raise EyasError(f"vLLM cannot run: {result['error']}", f"reinstall the engine: {INSTALL_COMMAND}")

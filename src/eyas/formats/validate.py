@@ -137,11 +137,12 @@ _FC_BIAS = ("SGLang alone builds fc with a bias (config 'bias': true); vLLM, spe
 def _unexpected(name: str) -> dict[str, str]:
     flag = _flag_for(name)
     if flag is None:
+        fc_bias = name == "fc.bias"
         return finding(
             "tensor_unknown",
             name,
-            f"{name} is not an EAGLE-3 tensor",
-            _FC_BIAS if name == "fc.bias" else "remove it: no EAGLE-3 loader has such a parameter",
+            f"{name} is not a tensor eyas, vLLM or speculators load" if fc_bias else f"{name} is not an EAGLE-3 tensor",
+            _FC_BIAS if fc_bias else "remove it: no EAGLE-3 loader has such a parameter",
         )
     return finding(
         "feature_norm_unexpected" if _is_feature_norm(name) else "flag_tensor_unexpected",
