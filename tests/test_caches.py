@@ -282,6 +282,36 @@ def test_specforge_ids_must_be_integers(target, rows, tmp_path):
     json.dumps(open_cache(tmp_path / "sf").info.layers_note)  # notes are plain text for reports
 
 
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda r: {**r, "loss_mask": r["loss_mask"].to_sparse()}, ("loss_mask", "expected an integer or bool mask")),
+    (lambda r: {**r, "hidden_state": r["hidden_state"].to("meta")}, ("hidden_state", "expected float")),
+    (lambda r: {**r, "loss_mask": r["loss_mask"].long() * 101 - 100}, ("loss_mask holds -100", "0 and 1 only")),
+    (lambda r: {1: r["input_ids"], **{k: v for k, v in r.items() if k != "hidden_state"}}, ("no 'hidden_state'",)),
+])
+def test_samples_no_trainer_writes_are_one_line(target, rows, tmp_path, change, words):
+    """A sparse or meta tensor, a -100 "mask", a key that is no text: tracebacks inside torch or sorted(),
+    or (the -100 mask) read as every position trained on; refused naming the file."""
+    (path,) = spoiled_specforge(target, rows[:1], tmp_path / "sf", change)
+    with pytest.raises(FormatError) as e:
+        list(open_cache(tmp_path / "sf", num_layers=N))
+    one_line(e, str(path), *words)
+
+
+def test_fp8_states_are_read_as_bf16_and_ids_past_the_vocab_name_their_file(target, rows, tmp_path):
+    """fp8 states (exact in bf16) were a NotImplementedError from isfinite; ids past the target's vocab were
+    named by the cache's folder and the sample's place in the read order, not its file."""
+    def fp8(r):
+        return {**r, **{k: r[k].to(torch.float8_e4m3fn) for k in ("aux_hidden_state", "hidden_state")}}
+    (path,) = spoiled_specforge(target, rows[:1], tmp_path / "fp8", fp8)
+    (sample,) = list(open_cache(tmp_path / "fp8", num_layers=N))
+    stored = torch.load(path, weights_only=True)["aux_hidden_state"]
+    assert sample["features"].dtype == torch.bfloat16 and torch.equal(sample["features"], stored[0].to(torch.bfloat16))
+    files = spoiled_specforge(target, rows[:2], tmp_path / "ids", lambda r: {**r, "input_ids": r["input_ids"] + 64})
+    with pytest.raises(FormatError) as e:
+        list(open_cache(tmp_path / "ids", num_layers=N, vocab_size=64))
+    one_line(e, str(files[-1]), "input_ids")
+
+
 def test_a_folder_named_like_a_specforge_sample_is_not_skipped_silently(tmp_path):
     """os.walk lists it among folders: SpecForge's own glob would take it, and reading it must fail
     naming it rather than the cache quietly holding one sample fewer."""

@@ -339,7 +339,7 @@ def evaluate(
                     max_new_tokens=max_new_tokens, dtype=dtype, progress=progress, do_sample=temperature > 0,
                     temperature=temperature, seed=0, answers="generate")
             data, data_format = tmp, "eyas"
-        cache = open_cache(data, format=data_format, num_layers=ref.num_layers)
+        cache = open_cache(data, format=data_format, num_layers=ref.num_layers, vocab_size=ref.vocab_size)
         info = cache.info
         if info.format == "eyas":  # a capture from another target is refused
             check_target(cache.data.manifest, info.path / MANIFEST, ref)

@@ -263,7 +263,9 @@ def check_target(manifest: dict, where: Path, want: str | Target | TargetRef) ->
                           "taken as the same model, copied or moved (the capture records no digest of its weights, "
                           "or they are not here to compare)", stacklevel=2)
             return None
-    other = f" (its final norm's digest is {now}, the capture's {then})" if now is not None else ""
+    differ = [f"{k} {got.get(k)} there, {dims[k]} here" for k in _DIMS if dims[k] != got.get(k)]
+    other = (f" ({'; '.join(differ)})" if differ else
+             f" (its final norm's digest is {now}, the capture's {then})" if now is not None else "")
     raise ContractError(
         f"{where}: captured from target {got['name']!r}, not {name!r}{other}",
         "capture features with the target you train/evaluate against",

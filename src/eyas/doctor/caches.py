@@ -41,7 +41,7 @@ def open_for(path: str | Path, data_format: str | None, ref: TargetRef) -> Featu
     """The cache at `path`, refused when its states are not the target's width."""
     from eyas.data.caches import open_cache  # the readers load only when a cache is given
 
-    cache = open_cache(path, format=data_format, num_layers=ref.num_layers)
+    cache = open_cache(path, format=data_format, num_layers=ref.num_layers, vocab_size=ref.vocab_size)
     check_cache_fits(cache.info, ref.hidden_size, ref.name)
     return cache
 

@@ -47,6 +47,7 @@ class CacheInfo:
     last_hidden: str | None  # NORMED, PRE_NORM, or None (not stored)
     answers_note: str  # whether the stored answers are the target's own
     num_samples: int | None
+    vocab_size: int | None = None  # the target's, which every sample's ids are checked against (open_cache)
 
 
 class FeatureCache(ABC):
@@ -78,22 +79,31 @@ def describe(value: Any) -> str:
 def need(record: dict[str, Any], key: str, where: Path | str, fmt: str) -> Any:
     """`record[key]`, or a one-line error naming the file, the key and the keys that are there."""
     if key not in record:
-        raise FormatError(f"{where}: no {key!r} (found {sorted(record)})", hint_for(fmt))
+        raise FormatError(f"{where}: no {key!r} (found {sorted(map(str, record))})", hint_for(fmt))
     return record[key]
+
+
+def _dense(value: Any) -> bool:
+    """A tensor holding its numbers here: not sparse, not on the meta device (no trainer stores those)."""
+    return isinstance(value, Tensor) and value.layout == torch.strided and not value.is_meta
 
 
 def as_ids(value: Any, key: str, where: Path | str, fmt: str) -> Tensor:
     """Token ids as int64 [T]; anything else (floats, a batch, a list) is refused."""
-    if not isinstance(value, Tensor) or value.ndim != 1 or value.is_floating_point() or value.is_complex() \
+    if not _dense(value) or value.ndim != 1 or value.is_floating_point() or value.is_complex() \
             or value.dtype == torch.bool:
         raise FormatError(f"{where}: {key} is {describe(value)}, expected integer token ids [T]", hint_for(fmt))
     return value.long()
 
 
 def as_mask(value: Any, length: int, key: str, where: Path | str, fmt: str) -> Tensor:
-    """A loss mask as bool [T] (stored as 0/1 integers or bools)."""
-    if not isinstance(value, Tensor) or value.ndim != 1 or value.is_floating_point() or value.shape[0] != length:
+    """A loss mask as bool [T] (stored as 0/1 integers or bools); other values (-100, a weight) are no mask."""
+    if not _dense(value) or value.ndim != 1 or value.is_floating_point() or value.shape[0] != length:
         raise FormatError(f"{where}: {key} is {describe(value)}, expected an integer or bool mask [{length}]",
+                          hint_for(fmt))
+    if value.dtype != torch.bool and not bool(((value == 0) | (value == 1)).all()):
+        other = int(value[(value != 0) & (value != 1)][0])
+        raise FormatError(f"{where}: {key} holds {other}, expected 0 and 1 only (1: the position is trained on)",
                           hint_for(fmt))
     return value != 0
 
@@ -102,10 +112,10 @@ def as_states(value: Any, length: int, width: int, key: str, where: Path | str, 
     """Hidden states as a float [T, width] view; a leading batch dim of 1 is dropped."""
     if isinstance(value, Tensor) and value.ndim == 3 and value.shape[0] == 1:
         value = value[0]
-    if not isinstance(value, Tensor) or value.ndim != 2 or not value.is_floating_point() \
+    if not _dense(value) or value.ndim != 2 or not value.is_floating_point() \
             or tuple(value.shape) != (length, width):
         raise FormatError(f"{where}: {key} is {describe(value)}, expected float [{length}, {width}]", hint_for(fmt))
-    return value
+    return value.to(torch.bfloat16) if value.dtype.itemsize == 1 else value  # fp8: exact in bf16, which torch computes
 
 
 def make_sample(info: CacheInfo, where: Path | str, ids: Tensor, mask: Tensor, features: Tensor,
@@ -125,7 +135,8 @@ def make_sample(info: CacheInfo, where: Path | str, ids: Tensor, mask: Tensor, f
         sample["last_hidden"] = as_states(last, T, info.hidden_size, keys[3], where, fmt)
     stored = {keys[0]: ids, keys[2]: sample["features"], keys[3]: sample.get("last_hidden")}
     check_tensors(where, {k: v for k, v in stored.items() if v is not None}, floats=(keys[2], keys[3]),
-                  ids=(keys[0],), hint=hint_for(fmt))  # NaN/Inf and negative ids, named by the file's own key
+                  ids=(keys[0],), vocab_size=info.vocab_size,
+                  hint=hint_for(fmt))  # NaN/Inf, ids outside the target's vocab, named by the file and its own key
     return sample
 
 

@@ -10,6 +10,8 @@ for SpecForge's `*.ckpt[.gz]`, then for the first `*.pt` (ModelOpt vs legacy spe
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -204,14 +206,17 @@ def _contents(folder: Path, shown: int = 4) -> str:
 
 
 def open_cache(path: str | Path, *, format: str | None = None, num_layers: int | None = None,
-               layer_ids: Sequence[int] | None = None) -> FeatureCache:
+               layer_ids: Sequence[int] | None = None, vocab_size: int | None = None) -> FeatureCache:
     """Open the cache at `path` (its format detected, or forced with `format`).
 
     `num_layers` (the target's num_hidden_layers) lets a reader state its trainer's default layers;
     `layer_ids` (eyas's capture convention) are the layers the caller knows the cache was taken
-    with, and override that assumption where the cache records none.
+    with, and override that assumption where the cache records none. `vocab_size` (the target's):
+    each sample's ids are checked against it as it is read, the error naming the sample's own file.
     """
     fmt = format or detect_format(path)
     if fmt not in READERS:
         raise FormatError(f"unknown cache format {fmt!r} for {path}", formats_hint())
-    return READERS[fmt](Path(path), num_layers=num_layers, layer_ids=layer_ids)
+    cache = READERS[fmt](Path(path), num_layers=num_layers, layer_ids=layer_ids)
+    cache.info = dataclasses.replace(cache.info, vocab_size=vocab_size)
+    return cache
