@@ -372,3 +372,11 @@ def test_a_folder_holding_two_caches_is_refused_unless_one_is_named(target, rows
     assert "--data-format specforge" in e.value.hint and f"--data-format {second}" in e.value.hint
     assert len(open_cache(mixed, format="specforge", num_layers=N)) == 1
     assert len(open_cache(mixed, format=second, num_layers=N)) == 2
+
+
+def test_a_speculators_dataset_with_a_bool_loss_mask_reads_as_the_ckpt_caches_do(target, rows, tmp_path):
+    """The Arrow reader refused a list<bool> loss_mask column that every torch.save reader takes."""
+    bools = [(ids, mask.bool()) for ids, mask in rows]
+    write_speculators(target.model, bools, tmp_path / "spec")
+    samples = list(open_cache(tmp_path / "spec", num_layers=N))
+    assert [s["loss_mask"].tolist() for s in samples] == [mask.tolist() for _, mask in bools]

@@ -55,13 +55,15 @@ def num_rows(folder: Path) -> int:
     return sum(batch.num_rows for path in data_files(folder) for batch in _batches(path))
 
 
-def _int_lists(batch: pa.RecordBatch, name: str, path: Path) -> list[torch.Tensor]:
-    """One list-of-integers column of a record batch as int64 tensors, one per row."""
+def _int_lists(batch: pa.RecordBatch, name: str, path: Path, mask: bool) -> list[torch.Tensor]:
+    """One list-of-integers column of a record batch as int64 tensors, one per row; a `mask` column may
+    hold bools too (0/1, as the other caches' readers take a bool loss mask)."""
     if name not in batch.schema.names:
         raise FormatError(f"{path}: no column {name!r} (found {batch.schema.names})", _HINT)
     column = batch.column(name)
     kind = column.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
+    lists = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if not lists or not (pa.types.is_integer(kind.value_type) or mask and pa.types.is_boolean(kind.value_type)):
         raise FormatError(f"{path}: column {name!r} is {kind}, expected a list of integers per row", _HINT)
     if column.null_count:
         raise FormatError(f"{path}: column {name!r} has {column.null_count} empty (null) rows", _HINT)
@@ -71,10 +73,11 @@ def _int_lists(batch: pa.RecordBatch, name: str, path: Path) -> list[torch.Tenso
     return [torch.from_numpy(values[a - base:b - base].copy()) for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-def rows(folder: Path, columns: Sequence[str]) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
-    """(arrow file, {column: int64 [T]}) for every row, in dataset order."""
+def rows(folder: Path, columns: Sequence[str],
+         masks: Sequence[str] = ()) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+    """(arrow file, {column: int64 [T]}) for every row, in dataset order; `masks`: columns that may be bools."""
     for path in data_files(folder):
         for batch in _batches(path):
-            cols = [_int_lists(batch, name, path) for name in columns]
+            cols = [_int_lists(batch, name, path, name in masks) for name in columns]
             for values in zip(*cols):
                 yield path, dict(zip(columns, values))

@@ -90,7 +90,8 @@ class SpeculatorsCache(FeatureCache):
         return len(self.present)
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
-        for index, (arrow_file, row) in enumerate(arrow.rows(self.info.path, ("input_ids", "loss_mask"))):
+        for index, (arrow_file, row) in enumerate(arrow.rows(self.info.path, ("input_ids", "loss_mask"),
+                                                                        masks=("loss_mask",))):
             if index in self.present:
                 yield self.read_sample(index, arrow_file, row)
 
