@@ -380,3 +380,15 @@ def test_a_speculators_dataset_with_a_bool_loss_mask_reads_as_the_ckpt_caches_do
     write_speculators(target.model, bools, tmp_path / "spec")
     samples = list(open_cache(tmp_path / "spec", num_layers=N))
     assert [s["loss_mask"].tolist() for s in samples] == [mask.tolist() for _, mask in bools]
+
+
+def test_a_folder_of_caches_is_not_read_as_one(target, rows, tmp_path):
+    """An eyas capture and a SpecForge cache side by side below one folder: the walk read SpecForge's
+    samples and skipped the capture unsaid. One cache below a folder still reads (a parent of one output)."""
+    write_specforge(target.model, rows[:2], tmp_path / "one" / "sf", batch_size=1)
+    assert detect_format(tmp_path / "one") == "specforge"
+    write_specforge(target.model, rows[:2], tmp_path / "two" / "sf", batch_size=1)
+    write_eyas_shards(target, rows[2:], tmp_path / "two" / "capture", layers=list(DEFAULT_CAPTURE))
+    with pytest.raises(FormatError) as e:
+        open_cache(tmp_path / "two", num_layers=N)
+    one_line(e, str(tmp_path / "two"), "holds 2 feature caches in its folders (capture, sf)")

@@ -95,6 +95,10 @@ def _detect_folder(folder: Path) -> str:
         raise _mixed(folder, found)
     if found:
         return found[0]
+    inner = sorted(n for n in _names(folder) if marked_cache(folder / n) is not None)
+    if len(inner) > 1:  # a folder of caches: read as one, the walk below would take one format's and skip the rest
+        raise FormatError(f"{folder}: holds {len(inner)} feature caches in its folders ({', '.join(inner[:3])}"
+                          f"{', ...' if len(inner) > 3 else ''}), not one", "point --data at one of them")
     if arrow.is_dataset(folder):
         raise FormatError(f"{folder}: an Arrow dataset without {speculators.HS_DIR}/",
                           "generate its hidden states with speculators' scripts/data_generation_offline.py first")
