@@ -76,23 +76,23 @@ class _GuardedStdout:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise StdoutRefused(e.strerror or str(e)) from None
+        return _refused(self._stream.write, text)
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise StdoutRefused(e.strerror or str(e)) from None
+        _refused(self._stream.flush)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def _refused(call: Callable[..., Any], *args: Any) -> Any:
+    """`call(*args)` on the real stdout, its OSError a StdoutRefused (a reader gone stays BrokenPipeError)."""
+    try:
+        return call(*args)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise StdoutRefused(e.strerror or str(e)) from None
 
 
 def _silence_stdout() -> None:

@@ -20,10 +20,14 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eyas.cli.output import warning_said
 from eyas.cli.outputs import apart, capture_out, draft_folder, output_file, output_folder, plot_format
 from eyas.errors import EyasError, FormatError
+
+if TYPE_CHECKING:
+    from eyas.target_ref import TargetRef
 
 # --- flags ------------------------------------------------------------------------------------------
 
@@ -92,9 +96,9 @@ def default_layers(args: argparse.Namespace) -> None:
                         f"{problems[0]['problem']}", f"pass --capture-layers a,b,c with 0 <= a < b < c <= {n}")
 
 
-def _target_config(args: argparse.Namespace) -> dict | None:
-    """The target's (text) config, read without loading anything; None for the embedded default not yet
-    converted (converting it here would hold every check after it)."""
+def _target_ref(args: argparse.Namespace) -> TargetRef | None:
+    """The target, resolved without loading anything; None for the embedded default not yet converted
+    (converting it here would hold every check after it)."""
     from eyas.cli.inputs import target_of
     from eyas.embedded import EMBEDDED_DIR, cache_dir
     from eyas.target_ref import TargetRef
@@ -104,7 +108,13 @@ def _target_config(args: argparse.Namespace) -> dict | None:
         path = cache_dir() / EMBEDDED_DIR
         if not (path / "config.json").is_file():
             return None
-    return TargetRef.resolve(path, weights=False).text_config
+    return TargetRef.resolve(path, weights=False)
+
+
+def _target_config(args: argparse.Namespace) -> dict | None:
+    """The target's (text) config (`_target_ref`)."""
+    ref = _target_ref(args)
+    return None if ref is None else ref.text_config
 
 
 def answers_prompts(a: argparse.Namespace) -> bool:
@@ -166,15 +176,15 @@ def drafter(args: argparse.Namespace) -> None:
         existing(args.drafter, "DRAFTER")
 
 
-def target(args: argparse.Namespace, *, weights: bool, whole: bool = False) -> None:
+def target(args: argparse.Namespace, *, weights: bool) -> None:
     """--target: a folder or config that exists, with weights beside it where the verb runs it (every
-    weight where it answers prompts: `whole`), and --device: one this machine has
+    weight, and a chat tokenizer, where it answers prompts: `answers_prompts`), and --device: one this machine has
     (`eyas.cli.inputs.target_of` checks both)."""
     from eyas.cli.inputs import target_of
     from eyas.target_ref import TargetRef
 
     path = target_of(args, weights=weights)
-    ref = TargetRef.resolve(path, weights=False) if whole and path is not None else None
+    ref = TargetRef.resolve(path, weights=False) if answers_prompts(args) and path is not None else None
     why = ref.missing_model() if ref is not None else None
     if why:
         cache = {"eval": "--data CACHE", "doctor": "--features CACHE"}.get(args.command)
@@ -321,7 +331,7 @@ def _capture(a: argparse.Namespace) -> None:
     at_least(a, 2, "max_length")
     sampling(a)
     capture_layers(a)
-    target(a, weights=True, whole=answers_prompts(a))
+    target(a, weights=True)
     prompts(a.prompts, limit=None if a.limit is None else min(a.skip + a.limit, sys.maxsize))
     # an input is named as one before it is refused for holding other files
     apart(a.out, "--out", {"--target": a.target, "--prompts": a.prompts}, resumes=True)
@@ -334,17 +344,17 @@ def resumed_capture(a: argparse.Namespace) -> None:
     """A capture into a folder holding one resumes it only under the same plan: what the flags and the
     target's config decide (target, layers, dtype, answer length) is compared here, before the target loads;
     the rest (the prompts' digest, the chat template, the context, the weights' digest) once it has."""
-    from eyas.cli.inputs import capture_layers_of, target_of
+    from eyas.cli.inputs import capture_layers_of
     from eyas.contract import default_capture_layers
     from eyas.data.capturing import plan_head
     from eyas.data.shards import MANIFEST, read_manifest, same_plan
     from eyas.dtypes import to_dtype
-    from eyas.target_ref import TargetRef
 
-    path, config = Path(a.out) / MANIFEST, _target_config(a)
-    if not path.is_file() or config is None:
+    path = Path(a.out) / MANIFEST
+    ref = _target_ref(a) if path.is_file() else None
+    if ref is None:
         return
-    old, ref = read_manifest(Path(a.out)), TargetRef.resolve(target_of(a, weights=True), weights=False)
+    old = read_manifest(Path(a.out))
     layers = capture_layers_of(a.capture_layers) or default_capture_layers(ref.num_layers)
     plan = plan_head(ref, layers, to_dtype(a.dtype))
     # not max_length: the capture records the context transformers' config reads, which may be its class default
@@ -358,7 +368,7 @@ def _eval(a: argparse.Namespace) -> None:
         raise EyasError("--data and --prompts both given", "evaluate on stored shards OR on prompts, not both")
     at_least(a, 1, "limit", "max_new_tokens", "depth", "tree_top_k", "tree_depth")
     sampling(a)
-    target(a, weights=True, whole=answers_prompts(a))
+    target(a, weights=True)
     draft_room(a, {"--depth": a.depth, "--tree-depth": a.tree_depth}, {"--tree-top-k": a.tree_top_k})
     if a.data:
         if a.max_new_tokens is not None:
@@ -385,7 +395,7 @@ def _decoding(a: argparse.Namespace) -> None:
     at_least(a, 0, "top_k")
     sampling(a)
     shape = parse_tree(a.tree, "--tree") or (None, None, None)
-    target(a, weights=True, whole=answers_prompts(a))
+    target(a, weights=True)
     draft_room(a, {"--draft-tokens": a.draft_tokens, "--tree depth": shape[0], "--tree budget": shape[2]},
                {"--tree top_k": shape[1]})
 
@@ -417,7 +427,7 @@ def _doctor(a: argparse.Namespace) -> None:
         raise EyasError(f"--prompts and --features {a.features} (a feature cache) both given: the doctor measures "
                         "the cache's own samples", "drop --prompts (an engine dump file takes --prompts: the wirings "
                         "are measured on their answers)")
-    target(a, weights=True, whole=answers_prompts(a))  # else measured on a cache, or a static report
+    target(a, weights=True)
     prompts(a.prompts, limit=a.limit)
     features(a)
 
@@ -426,7 +436,7 @@ def _serve_check(a: argparse.Namespace) -> None:
     at_least(a, 1, "limit", "draft_tokens")
     at_least(a, 2, "max_new_tokens")
     sampling(a)
-    target(a, weights=True, whole=answers_prompts(a))
+    target(a, weights=True)
     draft_room(a, {"--draft-tokens": a.draft_tokens}, {})
     prompts(a.prompts, limit=a.limit)
     output_file(a.dump, "--dump")

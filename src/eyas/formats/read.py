@@ -46,6 +46,7 @@ class Checkpoint:
     config_used: str  # the file the contract was taken from
     reason: str  # why that file, and how the others relate to it
     origin: dict[str, str]  # contract field -> how it was derived
+    assumed: frozenset[str]  # contract fields the config used leaves to a default (capture_layers: the engines')
     tensors: dict[str, torch.Tensor]  # canonical names; empty when not loaded
     weight_files: list[str]
     warnings: list[dict[str, str]]  # findings (eyas.codes), severity "warning"
@@ -178,6 +179,7 @@ def read_checkpoint(
         config_used=used,
         reason=why + agreement(files, used, disagree),
         origin=origin,
+        assumed=frozenset(p.assumed),
         tensors=tensors,
         weight_files=wfiles,
         warnings=warnings,

@@ -274,8 +274,8 @@ def complete_vocab_map(
     """
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     integer = d2t is not None and _integers(d2t)
-    mask = t2d is not None and _integers(t2d) and tuple(t2d.shape) == (c.vocab_size,) and bool((t2d.cpu() <= 1).all()
-                                                                                             and (t2d.cpu() >= 0).all())
+    mask = t2d is not None and _integers(t2d) and tuple(t2d.shape) == (c.vocab_size,) \
+        and bool(((t2d == 0) | (t2d == 1)).all())  # 0s and 1s: a mask stored as integers
     whole = t2d is not None and t2d.dtype == torch.bool and integer and d2t.dtype == torch.int64  # the common case
     if whole or not integer or tuple(d2t.shape) != (c.draft_vocab_size,):
         return tensors, []

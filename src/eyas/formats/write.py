@@ -188,7 +188,7 @@ def convert_checkpoint(
         )
     name = verifier_name or source.contract.verifier.name_or_path or target_name
     contract = source.contract.replace(verifier=dataclasses.replace(source.contract.verifier, name_or_path=name))
-    if source.origin.get("capture_layers", "").startswith("assumed"):
+    if "capture_layers" in source.assumed:
         # the source names no layers: neither does its copy, which engines serve as they serve the source
         # (the engines' default of each target; --target's depth only resolved it for reading)
         contract = contract.replace(capture_layers=None)
