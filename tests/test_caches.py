@@ -189,6 +189,18 @@ def test_speculators_legacy_is_read_with_its_recorded_layers(target, rows, tmp_p
     assert open_cache(tmp_path / "bare", num_layers=N).info.capture_layers == (3, 5, 6)
 
 
+def test_speculators_legacy_without_the_final_layer_reads_every_stored_layer_as_a_feature(target, rows, tmp_path):
+    """Ids [1, 3, 4] (output convention, no N-1 appended): three feature layers, capture [2, 4, 5], no last state;
+    without the target's depth the last stored state is read as speculators' reader reads it."""
+    write_speculators_legacy(target.model, rows, tmp_path / "legacy", layer_ids=[1, 3, 4])
+    cache = open_cache(tmp_path / "legacy", num_layers=N)
+    assert cache.info.num_slots == 3 and cache.info.capture_layers == (2, 4, 5) and cache.info.last_hidden is None
+    assert "every stored layer is a feature layer" in cache.info.layers_note
+    check_samples(cache, target, rows, layers=(2, 4, 5), last=None)
+    blind = open_cache(tmp_path / "legacy").info
+    assert blind.num_slots == 2 and blind.capture_layers == (2, 4) and blind.last_hidden == PRE_NORM
+
+
 # --- ModelOpt ----------------------------------------------------------------------------------
 
 

@@ -81,14 +81,18 @@ def recorded_ids(folder: Path) -> list[int] | None:
             from None
 
 
-def _layers(folder: Path, slots: int, num_layers: int | None, layer_ids: Sequence[int] | None) -> tuple[Layers, bool]:
-    """The feature layers, and whether the last stored one is the target's last layer (so a last hidden)."""
+def _layers(folder: Path, stored: int, num_layers: int | None,
+            layer_ids: Sequence[int] | None) -> tuple[Layers, bool]:
+    """The feature layers, and whether the last stored state is the target's last layer (a last hidden state,
+    not a feature). The generator appends N-1 to its ids by default and speculators' reader takes the last
+    state as the verifier's; where data_config.json records ids ending elsewhere in a target of known depth,
+    every stored state is a feature layer and none is the last hidden state."""
     ids = recorded_ids(folder)
     if ids is None:
-        layers = resolve_layers(CONVENTION, slots, folder, num_layers=num_layers, layer_ids=layer_ids)
-        return layers, True
-    layers = resolve_layers(CONVENTION, slots, folder / CONFIG, recorded=ids[:-1], recorded_in=CONFIG)
-    return layers, num_layers is None or ids[-1] == num_layers - 1
+        return resolve_layers(CONVENTION, stored - 1, folder, num_layers=num_layers, layer_ids=layer_ids), True
+    last_is_final = num_layers is None or ids[-1] == num_layers - 1
+    features, slots = (ids[:-1], stored - 1) if last_is_final else (ids, stored)
+    return resolve_layers(CONVENTION, slots, folder / CONFIG, recorded=features, recorded_in=CONFIG), last_is_final
 
 
 def _states(record: dict[str, Any], path: Path) -> list[Tensor]:
@@ -107,11 +111,12 @@ class SpeculatorsLegacyCache(FileCache):
                                   "legacy data_generation_offline.py (it holds data_<i>.pt files)")
         states = _states(first, self.files[0])
         folder = path if path.is_dir() else path.parent
-        layers, last_is_final = _layers(folder, len(states) - 1, num_layers, layer_ids)
+        layers, last_is_final = _layers(folder, len(states), num_layers, layer_ids)
         note = f"{layers.note}; {ONE_OFF}"
         if not last_is_final:
-            note += "; its last stored layer is not the target's last, so no last hidden state is read"
-        self.info = CacheInfo(FORMAT, path, int(states[0].shape[-1]), len(states) - 1, layers.capture,
+            note += "; its last stored layer is not the target's last: every stored layer is a feature layer"
+        slots = len(states) - 1 if last_is_final else len(states)
+        self.info = CacheInfo(FORMAT, path, int(states[0].shape[-1]), slots, layers.capture,
                               layers.recorded, note, PRE_NORM if last_is_final else None, UNKNOWN_ANSWERS,
                               len(self.files))
 
@@ -119,13 +124,13 @@ class SpeculatorsLegacyCache(FileCache):
         record = load_record(path, FORMAT)
         ids = as_ids(need(record, "input_ids", path, FORMAT), "input_ids", path, FORMAT)
         states = _states(record, path)
-        if len(states) != self.info.num_slots + 1:
-            raise FormatError(f"{path}: hidden_states holds {len(states)} layers, the first file "
-                              f"{self.info.num_slots + 1}", hint_for(FORMAT))
+        last = states.pop() if self.info.last_hidden else None
+        if len(states) != self.info.num_slots:
+            raise FormatError(f"{path}: hidden_states holds {len(states) + (last is not None)} layers, the first "
+                              f"file {self.info.num_slots + (last is not None)}", hint_for(FORMAT))
         try:
-            features = torch.cat(states[:-1], dim=-1)
+            features = torch.cat(states, dim=-1)
         except RuntimeError:
             raise FormatError(f"{path}: hidden_states are {[describe(s) for s in states]}, expected "
                               "equal [T, H]", hint_for(FORMAT)) from None
-        last = states[-1] if self.info.last_hidden else None
         return make_sample(self.info, path, ids, need(record, "loss_mask", path, FORMAT), features, last, KEYS)
