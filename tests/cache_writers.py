@@ -53,6 +53,9 @@ def write_specforge(model, rows: Sequence[Row], out: Path, *, layer_ids: Sequenc
     """`prepare_hidden_states.py`: one `rows_{g}-{g+G}/data_{idx}.ckpt[.gz]` per row, padded rows included."""
     n = model.config.num_hidden_layers
     ids_out = list(layer_ids) if layer_ids is not None else specforge_default_ids(n)
+    # SGLang captures id k at the input of layer k + 1 (`layers_to_capture = [val + 1 ...]`): no id reaches N - 1,
+    # whose HF state (hidden_states[N]) is after the final norm
+    assert all(0 <= k < n - 1 for k in ids_out), f"SGLang cannot capture ids {ids_out} of a {n}-layer target"
     written = []
     for start in range(0, len(rows), batch_size):
         batch = rows[start:start + batch_size]

@@ -36,6 +36,9 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
 )
 LAYERS = [1, 2, 4]
+# capture layers every trainer can take from the 4-layer tiny target (SpecForge's ids 0, 1, 2: SGLang captures
+# no layer's output past N - 2)
+CROSS = (1, 2, 3)
 PROMPTS = ["hello world", "tell me a story about the cat", "why is the sky blue", "how are you", "sun moon"]
 
 

@@ -24,7 +24,7 @@ import cache_writers
 from eyas.cli import main
 from eyas.data import open_shards
 from eyas.target import Target
-from test_data import LAYERS
+from test_data import CROSS
 from test_evaluate import tiny  # noqa: F401 (a fixture)
 from test_fuzz import FUZZ
 
@@ -39,11 +39,11 @@ def caches(tiny, tmp_path_factory):
     rows = [(s["input_ids"], s["loss_mask"].long()) for s in open_shards(shards)][:2]
     model = Target.load(folder).model
     root = tmp_path_factory.mktemp("fuzz-caches")
-    cache_writers.write_specforge(model, rows, root / "specforge", layer_ids=[k - 1 for k in LAYERS], batch_size=1)
+    cache_writers.write_specforge(model, rows, root / "specforge", layer_ids=[k - 1 for k in CROSS], batch_size=1)
     cache_writers.write_speculators(model, rows, root / "speculators",
-                                    layer_ids=[*LAYERS, model.config.num_hidden_layers])
+                                    layer_ids=[*CROSS, model.config.num_hidden_layers])
     draft = root / "draft"
-    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", ",".join(map(str, LAYERS))]) == 0
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", ",".join(map(str, CROSS))]) == 0
     return folder, root, draft
 
 

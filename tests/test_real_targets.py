@@ -19,7 +19,7 @@ from eyas.errors import EyasError
 from eyas.evaluate import target_greedy
 from eyas.target import Target
 from eyas.target_ref import TargetRef
-from test_data import LAYERS, PROMPTS, save_tiny_target
+from test_data import CROSS, LAYERS, PROMPTS, save_tiny_target
 from test_evaluate import tiny  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -267,23 +267,41 @@ def _eval(draft, data, folder, capsys, *extra) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.fixture(scope="module")
+def trained(plain, tmp_path_factory):
+    """eyas's own capture of `plain`'s rows at CROSS, and a draft trained on it (over-fit, so its acceptance
+    depends on every feature and the last state: a random draft's near-zero acceptance compares nothing)."""
+    import cache_writers
+    from eyas.train import TrainConfig, train
+
+    folder, _, rows, _ = plain
+    root = tmp_path_factory.mktemp("cross")
+    cache_writers.write_eyas_shards(Target.load(folder), rows, root / "ours", CROSS)
+    train(TrainConfig(data=str(root / "ours"), out=str(root / "run"), target=str(folder), draft_vocab=48,
+                      ttt_steps=3, lr=1e-2, batch_tokens=64, epochs=200, max_steps=150, eval_fraction=0.0,
+                      save_every=0, dtype="fp32", progress=False))
+    return root / "ours", root / "run" / "draft"
+
+
 @pytest.mark.parametrize("fmt", ["specforge", "speculators"])
-def test_a_foreign_cache_gives_the_acceptance_of_eyas_own_capture(plain, tmp_path, capsys, fmt):
+def test_a_foreign_cache_gives_the_acceptance_of_eyas_own_capture(plain, trained, tmp_path, capsys, fmt):
     import cache_writers
 
-    folder, shards, rows, draft = plain
+    folder, _, rows, _ = plain
+    ours, draft = trained
     model = Target.load(folder).model
     out = tmp_path / fmt
     N = model.config.num_hidden_layers
     if fmt == "specforge":  # SpecForge ids are "output of layer k": capture index k + 1
-        cache_writers.write_specforge(model, rows, out, layer_ids=[k - 1 for k in LAYERS], batch_size=1)
+        cache_writers.write_specforge(model, rows, out, layer_ids=[k - 1 for k in CROSS], batch_size=1)
     else:  # vLLM ids are capture indices, plus N (the pre-norm last state)
-        cache_writers.write_speculators(model, rows, out, layer_ids=[*LAYERS, N])
-    ours, theirs = _eval(draft, shards, folder, capsys), _eval(draft, out, folder, capsys)  # fp32 both
+        cache_writers.write_speculators(model, rows, out, layer_ids=[*CROSS, N])
+    mine, theirs = _eval(draft, ours, folder, capsys), _eval(draft, out, folder, capsys)  # fp32 both
     assert theirs["data"]["format"] == fmt and theirs["data"]["verdict"] == "target"
-    assert theirs["tokens"] == ours["tokens"]
-    assert theirs["acceptance_by_depth"] == pytest.approx(ours["acceptance_by_depth"], nan_ok=True)
-    assert theirs["tau_chain"] == pytest.approx(ours["tau_chain"])
+    assert mine["acceptance_by_depth"][0] > 0.3  # the comparison below is of a draft that predicts
+    assert theirs["tokens"] == mine["tokens"]
+    for key in ("acceptance_by_depth", "tau_chain", "tau_tree"):
+        assert theirs[key] == pytest.approx(mine[key], nan_ok=True), key
     assert "model.norm.weight" in theirs["cost"]["target_tensors_read"]
 
 
@@ -319,28 +337,27 @@ def _doctor_on_specforge(plain, tmp_path, capsys, draft_layers: str, cache_ids: 
 
 
 def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path, capsys):
-    # SpecForge ids [1, 2, 3] are outputs of layers 1..3 = capture [2, 3, 4]: one layer deeper than the draft reads
-    code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2,3", [1, 2, 3], "--json")
+    # SpecForge ids [0, 1, 2] are outputs of layers 0..2 = capture [1, 2, 3]: one layer deeper than the draft reads
+    code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "0,1,2", [0, 1, 2], "--json")
     assert code == 1
     rep = json.loads(out)
     assert rep["findings"][0]["fault"] == "capture_layers"
     assert rep["cache"]["format"] == "specforge" and not rep["cache"]["layers_recorded"]
-    assert [c["layer"] for c in rep["dump"]["chunks"]] == [2, 3, 4] == rep["cache"]["layers_found"]
+    assert [c["layer"] for c in rep["dump"]["chunks"]] == [1, 2, 3] == rep["cache"]["layers_found"]
     assert any("does not record its layers" in n for n in rep["notes"])
-    assumed = rep["cache"]["capture_layers"]  # what the reader assumed, set beside what the sample holds
-    said = "as assumed" if assumed == [2, 3, 4] else f"not the assumed {assumed}"  # the last through the final norm:
-    held = f"the cache's first sample holds capture [2, 3, 4], {said} (not all raw"
-    assert any(n.startswith(held) for n in rep["notes"])
+    assumed = rep["cache"]["capture_layers"]  # what the reader assumed (SpecForge's default), beside what it holds
+    assert any(n.startswith(f"the cache's first sample holds capture [1, 2, 3], not the assumed {assumed}")
+               for n in rep["notes"])
     assert any(n.startswith("2 samples of the cache measured: under 5") for n in rep["notes"])  # too few to confirm
 
 
 def test_doctor_blames_a_cache_with_another_count_of_states_not_the_config(plain, tmp_path, capsys):
-    """A cache of 4 states for a draft reading 3: the cache is taken again; the draft's config is right."""
-    code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2,3", [0, 1, 2, 3], "--json")
+    """A cache of 3 states for a draft reading 2: the cache is taken again; the draft's config is right."""
+    code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2", [0, 1, 2], "--json")
     assert code == 1
     (f,) = json.loads(out)["findings"]
-    assert f["title"].startswith("the feature cache stores 4 states per position") and "engine" not in f["title"]
-    assert f["fix"].startswith("capture the cache again at capture layers [1, 2, 3]") and "set " not in f["fix"]
+    assert f["title"].startswith("the feature cache stores 3 states per position") and "engine" not in f["title"]
+    assert f["fix"].startswith("capture the cache again at capture layers [1, 2]") and "set " not in f["fix"]
 
 
 def test_doctor_refuses_a_cache_with_fewer_states_than_the_draft_reads_naming_it(plain, tmp_path, capsys):

@@ -188,12 +188,14 @@ def _rope_and_shift_hypotheses(base: Wiring, m: Measurer) -> list[Hypothesis]:
 def hypotheses(base: Wiring, m: Measurer, conventions: dict[str, tuple[int, ...]]) -> list[Hypothesis]:
     """Every alternative wiring worth measuring against `base`, one fault each; the first of equal
     wirings is kept (so the most specific explanation names it), wirings the target cannot feed are
-    dropped."""
+    dropped, and so are wirings of another layer count (the engine default's three, for a draft whose fc
+    reads two or four: fc cannot run on them)."""
     out = (_layer_hypotheses(base, m, conventions) + _normed_hypotheses(base, m.N) + _flag_hypotheses(base, m.ckpt)
            + _vocab_hypotheses(base, m) + _rope_and_shift_hypotheses(base, m))
     seen, unique = {base}, []
     for h in out:
-        if h.wiring not in seen and all(0 <= k <= m.N for k in h.wiring.layers):
+        layers = h.wiring.layers
+        if h.wiring not in seen and len(layers) == len(base.layers) and all(0 <= k <= m.N for k in layers):
             seen.add(h.wiring)
             unique.append(h)
     return unique
