@@ -114,3 +114,60 @@ def test_a_dtype_timed_under_load_serves_the_run_and_is_timed_again_at_the_next(
     dtype_choice.resolve_dtype("auto", None)
     assert len(calls) == 2 and "attempt" not in capsys.readouterr().err
     assert dtype_choice.resolve_dtype("auto", None)[1] == "auto: measured on this machine (cached)" and len(calls) == 2
+
+
+GOOD_SHAPE = {"best": {"draft_tokens": 2}, "best_chain": 2, "best_tree": [3, 4, 8], "beats_target": True,
+              "ngram_tokens": 4, "best_chain_ngram": 2, "busy": False, "attempts": 1, "others_cpu_share": 0.1}
+
+
+@pytest.mark.parametrize("edit", [
+    {"best": {"draft_tokens": 2, "tree": [3, 4, 8]}}, {"best": {"draft_tokens": 2.5}}, {"best": {"draft_tokens": 500}},
+    {"best": {"draft_tokens": True}}, {"best": {"draft_tokens": 2, "ngram_tokens": "x"}}, {"best": {"tree": [3, 4, 2]}},
+    {"best": {"draft_tokens": 2, "colour": 1}}, {"best_chain": 0}, {"best_tree": "3,4,8"}, {"best_chain_ngram": "x"},
+    {"ngram_tokens": None}, {"beats_target": "yes"}, {"busy": "yes"}, {"attempts": "x"}, {"attempts": 0},
+    {"others_cpu_share": "x"}, {"others_cpu_share": 7.0},
+])
+def test_a_shape_entry_edited_out_of_shape_is_measured_again_never_half_used(edit):
+    """Each field a run reads, wrong: the entry is ignored (the next run sweeps), not a traceback mid-decode
+    (a missing ngram_tokens was a KeyError in bench, a string one a TypeError in decode)."""
+    from eyas.draft_shape import save_best_shape
+
+    save_best_shape("tiny", "draft", torch.float32, GOOD_SHAPE)
+    assert read_best_shape("tiny", "draft", torch.float32) == GOOD_SHAPE
+    save_best_shape("tiny", "draft", torch.float32, {**GOOD_SHAPE, **edit})
+    assert read_best_shape("tiny", "draft", torch.float32) is None
+    bare = {k: v for k, v in GOOD_SHAPE.items() if k != "ngram_tokens"}  # the sweep's default branch is read too
+    save_best_shape("tiny", "draft", torch.float32, bare)
+    assert read_best_shape("tiny", "draft", torch.float32) is None
+
+
+def test_a_cache_folder_that_cannot_be_written_is_a_warning_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    from eyas import dtype_choice
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    calls = []
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake_dtype_measurement(calls, "bf16"))
+    monkeypatch.setattr(dtype_choice, "_THIS_RUN", {})
+    monkeypatch.setattr(dtype_choice, "_key", lambda target: ["tiny", "this machine"])
+    with pytest.warns(UserWarning, match="cannot record the dtype measurement in .*file/eyas/fastest_dtype.json"):
+        assert dtype_choice.resolve_dtype("auto", None) == (torch.bfloat16, "auto: measured on this machine")
+    assert "cached in" not in capsys.readouterr().err and len(calls) == 1
+
+
+def test_a_sweep_times_the_dtype_anew_and_the_run_uses_that_timing(monkeypatch):
+    """A timing kept after three busy attempts says to re-measure with `eyas bench --sweep`: that times the
+    dtypes again (once for the run: the baselines' dtypes come from the same timing)."""
+    from eyas import dtype_choice
+
+    calls = []
+    monkeypatch.setattr(dtype_choice, "_THIS_RUN", {})
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake_dtype_measurement(calls, "bf16"))
+    dtype_choice.resolve_dtype("auto", None)
+    assert dtype_choice.resolve_dtype("auto", None)[1].endswith("(cached)") and len(calls) == 1
+    monkeypatch.setattr(dtype_choice, "measure_dtypes", fake_dtype_measurement(calls, "fp32"))
+    assert dtype_choice.resolve_dtype("auto", None, again=True) == (torch.float32, "auto: measured on this machine")
+    assert dtype_choice.hf_dtypes("auto", None)["hf_greedy"][1] == "auto: measured on this machine"
+    assert len(calls) == 2
+    monkeypatch.setattr(dtype_choice, "_THIS_RUN", {})  # the next run reads the new timing
+    assert dtype_choice.resolve_dtype("auto", None) == (torch.float32, "auto: measured on this machine (cached)")

@@ -288,6 +288,15 @@ def test_cache_is_built_once_atomically_under_concurrency(tmp_path, monkeypatch,
     assert "converting the default target" in capsys.readouterr().err
 
 
+def test_a_cache_folder_that_cannot_be_made_is_one_error_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # a traceback from mkdir, it was
+    monkeypatch.setattr(embedded_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")
+    with pytest.raises(EyasError, match=f"{tmp_path / 'file' / 'eyas' / EMBEDDED_DIR}: cannot cache") as e:
+        embedded_default_dir()
+    assert "XDG_CACHE_HOME" in e.value.hint
+
+
 def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(embedded_mod, "_embedded_gguf", lambda: tmp_path / "fake.gguf")

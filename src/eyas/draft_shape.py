@@ -56,19 +56,47 @@ def shape_key(target_name: str, drafter: str | Path, dtype: str | torch.dtype) -
     return [target_name, str(Path(drafter).resolve()), short_name(dtype), *machine_key(), bf16_kernel.available()]
 
 
+# the most a cached shape may draft: past what any sweep times (eyas.bench.sweep), an entry was edited by hand
+MOST_CACHED = 64
+
+
+def _count(value: object, low: int, high: int = MOST_CACHED) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _cached_shape(shape: object) -> bool:
+    """A shape as a sweep records it: a chain or a tree (not both), with its n-gram branch where it has one."""
+    if not isinstance(shape, dict) or ("tree" in shape) == ("draft_tokens" in shape) \
+            or not set(shape) <= {"tree", "draft_tokens", "ngram_tokens"}:
+        return False
+    if "ngram_tokens" in shape and not _count(shape["ngram_tokens"], 0):
+        return False
+    if "draft_tokens" in shape:
+        return _count(shape["draft_tokens"], 1)
+    tree = shape["tree"]
+    try:
+        return isinstance(tree, list) and all(_count(v, 1, 4 * MOST_CACHED) for v in tree) and bool(parse_tree(tree))
+    except EyasError:
+        return False
+
+
 def read_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dtype) -> dict | None:
     """The cached sweep entry for this target / drafter / dtype / machine, or None.
 
     The entry's `best` is {"draft_tokens": k} or {"tree": [depth, top_k, budget]}; `best_chain` and
-    `best_tree` are the fastest of each kind; `beats_target` says whether `best` was faster than
-    the target decoding alone in the same sweep (entries from older sweeps lack it: None).
+    `best_tree` are the fastest of each kind (`best_chain_ngram` with `ngram_tokens`: the n-gram branch it
+    was timed with, and the sweep's default); `beats_target` says whether `best` was faster than the target
+    decoding alone in the same sweep (entries from older sweeps lack it: None). An entry from another eyas
+    version or edited by hand, any field of it out of shape, is ignored (measured again), never half-used.
     """
     entry = read_measured("shape", shape_key(target_name, drafter, dtype))
-    try:  # an entry from another eyas version or edited by hand is ignored, never half-used
-        shapes = [entry["best"], {"draft_tokens": entry["best_chain"]}, {"tree": entry["best_tree"]}]
-        usable = all(parse_tree(s["tree"]) if "tree" in s else int(s["draft_tokens"]) >= 1 for s in shapes)
-    except (TypeError, KeyError, ValueError, EyasError):
-        usable = False
+    if entry is None:
+        return None
+    ngram = "best_chain_ngram" in entry
+    usable = (all(_cached_shape(s) for s in (entry.get("best"), {"draft_tokens": entry.get("best_chain")},
+                                            {"tree": entry.get("best_tree")}))
+              and (not ngram or _count(entry["best_chain_ngram"], 0) and _count(entry.get("ngram_tokens"), 0))
+              and entry.get("beats_target") in (None, True, False))
     return entry if usable else None
 
 
@@ -77,6 +105,6 @@ def needs_sweep(entry: dict | None) -> bool:
     return entry is None or not settled(entry)
 
 
-def save_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dtype, entry: dict) -> Path:
-    """Record a sweep's entry (atomically; two sweeps at once keep both)."""
+def save_best_shape(target_name: str, drafter: str | Path, dtype: str | torch.dtype, entry: dict) -> Path | None:
+    """Record a sweep's entry (atomically; two sweeps at once keep both): the file, None where it cannot be."""
     return save_measured("shape", shape_key(target_name, drafter, dtype), entry)

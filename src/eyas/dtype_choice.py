@@ -70,16 +70,16 @@ def measure_dtypes(target: str | Path | None, *, sizes: tuple[int, ...] = PROBE_
 
 
 def resolve_dtype(dtype: str | torch.dtype, target: str | Path | None,
-                  device: str | torch.device | None = None) -> tuple[torch.dtype, str]:
+                  device: str | torch.device | None = None, *, again: bool = False) -> tuple[torch.dtype, str]:
     """(the dtype to decode in, where it came from): `dtype` itself, or for "auto" the fastest dtype
-    measured for this target on this machine's CPU (measured now if no measurement is cached); on a
-    GPU `device`, bf16 (what every GPU since Ampere computes at full rate; the CPU timings say nothing
-    about it)."""
+    measured for this target on this machine's CPU (measured now if no measurement is cached, or `again`:
+    `eyas bench --sweep` times what "auto" decides anew); on a GPU `device`, bf16 (what every GPU since
+    Ampere computes at full rate; the CPU timings say nothing about it)."""
     if not is_auto(dtype):
         return to_dtype(dtype, DECODE_DTYPES), "given"
     if on_gpu(device):
         return torch.bfloat16, "GPU"
-    entry, source = _measured(target)
+    entry, source = _measured(target, again)
     return to_dtype(entry["dtype"]), source
 
 
@@ -92,13 +92,13 @@ def hf_dtypes(dtype: str | torch.dtype, target: str | Path | None) -> dict[str, 
     return {m: (to_dtype(entry["hf_dtypes"][m]), source) for m in HF_SIZES}
 
 
-# Provisional timings (eyas.machine.settled) made by this process, by key: one serves the whole run;
-# it is made again at the next run, not at the next call.
+# Provisional timings (eyas.machine.settled) and timings made anew on request, made by this process, by key:
+# one serves the whole run; it is made again at the next run, not at the next call.
 _THIS_RUN: dict[str, dict] = {}
 
 
-def _measured(target: str | Path | None) -> tuple[dict, str]:
-    """The cached measurement for this target and machine, else one made now (said on stderr)."""
+def _measured(target: str | Path | None, again: bool = False) -> tuple[dict, str]:
+    """The cached measurement for this target and machine, else (or `again`) one made now (said on stderr)."""
     key = _key(target)
     if str(key) in _THIS_RUN:
         return _THIS_RUN[str(key)], "auto: measured on this machine"
@@ -108,21 +108,22 @@ def _measured(target: str | Path | None) -> tuple[dict, str]:
         usable = entry["dtype"] in names and all(entry["hf_dtypes"][m] in names for m in HF_SIZES)
     except (TypeError, KeyError):
         usable = False
-    if usable and settled(entry):
+    if usable and settled(entry) and not again:
         return entry, "auto: measured on this machine (cached)"
     print("eyas: timing the target's forward in bf16 and fp32 to pick the faster (once per machine, about "
           "20 s)", file=sys.stderr)
     t0 = time.perf_counter()
     others = Contention()
     measured = measure_dtypes(target)
-    entry = quietest({**measured, "others_cpu_share": others.others()}, entry if usable else None)
+    entry = quietest({**measured, "others_cpu_share": others.others()}, entry if usable and not again else None)
     path = save_measured("dtype", key, entry)
     ms = entry["forward_ms"]
     print(f"eyas: {entry['dtype']} is faster here (ms per forward over {', '.join(map(str, entry['sizes']))} "
           "new tokens: " + "; ".join(f"{d} " + " / ".join(f"{v:.1f}" for v in ms[d].values()) for d in ms)
-          + f") on {runs_on(torch.device('cpu'))}; measured in {time.perf_counter() - t0:.0f} s, cached in {path}",
+          + f") on {runs_on(torch.device('cpu'))}; measured in {time.perf_counter() - t0:.0f} s"
+          + (f", cached in {path}" if path else ""),
           file=sys.stderr)
     say_if_busy(entry)
-    if entry["busy"]:
+    if entry["busy"] or again:
         _THIS_RUN[str(key)] = entry
     return entry, "auto: measured on this machine"

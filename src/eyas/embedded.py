@@ -75,16 +75,20 @@ def embedded_default_dir() -> Path:
     if (dst / "config.json").is_file():
         return dst
     gguf = _embedded_gguf()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(dst.parent / f".{EMBEDDED_DIR}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (dst / "config.json").is_file():  # another process built it while we waited
-            return dst
-        print(f"eyas: converting the default target {gguf.name} to {dst} (once)", file=sys.stderr)
-        t0 = time.perf_counter()
-        with temp_folder(dst, replace=True) as tmp:  # replaces a folder left without its config.json
-            _convert_gguf(gguf, tmp)
-        print(f"eyas: default target cached in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with open(dst.parent / f".{EMBEDDED_DIR}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if (dst / "config.json").is_file():  # another process built it while we waited
+                return dst
+            print(f"eyas: converting the default target {gguf.name} to {dst} (once)", file=sys.stderr)
+            t0 = time.perf_counter()
+            with temp_folder(dst, replace=True) as tmp:  # replaces a folder left without its config.json
+                _convert_gguf(gguf, tmp)
+    except OSError as e:  # the default target lives in the cache: without it there is no target
+        raise EyasError(f"{dst}: cannot cache the default target there ({type(e).__name__}: {e.strerror or e})",
+                        "set XDG_CACHE_HOME to a writable folder with about 600 MB free, or pass --target") from None
+    print(f"eyas: default target cached in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return dst
 
 

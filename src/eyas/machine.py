@@ -163,20 +163,33 @@ def _read_file(kind: str) -> dict:
 
 
 def read_measured(kind: str, key: list) -> dict | None:
-    """The `kind` entry ("shape", "dtype") stored under `key` (a JSON-able list), or None."""
+    """The `kind` entry ("shape", "dtype") stored under `key` (a JSON-able list), or None: also where its
+    record of the load it was timed under (`busy`, `attempts`, `others_cpu_share`) is not as eyas writes it
+    (edited by hand), so such an entry is measured again. The callers check what they read of the rest."""
     entry = _read_file(kind).get(json.dumps(key))
-    return entry if isinstance(entry, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    share, attempts = entry.get("others_cpu_share"), entry.get("attempts", 1)
+    kept = (entry.get("busy", False) in (True, False) and type(attempts) is int and attempts >= 1
+            and (share is None or type(share) in (int, float) and 0 <= share <= 1))
+    return entry if kept else None
 
 
-def save_measured(kind: str, key: list, entry: dict) -> Path:
-    """Store `entry` under `key`, atomically and under a lock (two processes at once keep both)."""
+def save_measured(kind: str, key: list, entry: dict) -> Path | None:
+    """Store `entry` under `key`, atomically and under a lock (two processes at once keep both); the file, or
+    None where it cannot be written (said on stderr)."""
     path = measured_file(kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        entries = _read_file(kind)
-        entries[json.dumps(key)] = entry
-        write_json(path, entries)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / f".{path.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            entries = _read_file(kind)
+            entries[json.dumps(key)] = entry
+            write_json(path, entries)
+    except OSError as e:  # a cache: the run goes on with what it measured, and measures again next time
+        warnings.warn(f"cannot record the {kind} measurement in {path} ({type(e).__name__}: {e.strerror or e}); "
+                      "it is measured again at the next run (set XDG_CACHE_HOME to a writable folder)", stacklevel=2)
+        return None
     return path
 
 

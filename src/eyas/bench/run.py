@@ -76,7 +76,7 @@ def run_bench(
     if draft_tokens is not None and draft_tokens < 1:
         raise EyasError(f"draft_tokens={draft_tokens}: a chain needs at least 1 draft token", "e.g. --draft-tokens 4")
     items = bench_prompts(prompts, limit=limit)  # a bad prompt file fails before any model loads
-    dtype, dtype_source = resolve_dtype(dtype, target, device)
+    dtype, dtype_source = resolve_dtype(dtype, target, device, again=sweep)  # a sweep times the dtypes anew
     # each Hugging Face baseline in its own fastest dtype here (on a GPU: the one eyas decodes in)
     baseline_dtypes = hf_dtypes(dtype if on_gpu(device) else asked, target)
     target_model, draft = load_models(drafter, target, dtype, layer_convention, device)
@@ -89,8 +89,8 @@ def run_bench(
     if sweep:
         sweep_report = quietest(sweep_shapes(target_model, draft, prompt_ids, stops, max_new_tokens=max_new_tokens,
                                              ngram_tokens=ngram_tokens, progress=progress), None)
-        sweep_report["cache"] = str(save_sweep(target_model, drafter, dtype, sweep_report, prompts=len(items),
-                                               max_new_tokens=max_new_tokens))
+        sweep_report["cache"] = save_sweep(target_model, drafter, dtype, sweep_report, prompts=len(items),
+                                           max_new_tokens=max_new_tokens)
         say_if_busy(sweep_report)
     elif draft_tokens is None and tree is None:  # a shape given is timed as given, the other cached or default
         known = read_best_shape(target_model.name, drafter, dtype)

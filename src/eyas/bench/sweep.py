@@ -47,12 +47,14 @@ QUICK_PROMPTS, QUICK_TOKENS = 4, 96  # answers long enough for an n-gram branch 
 
 
 def save_sweep(target: Target, drafter: str | Path, dtype: torch.dtype, report: dict, *, prompts: int,
-               max_new_tokens: int) -> Path:
-    """Cache a sweep's result for this target / drafter / dtype / machine (eyas.draft_shape)."""
+               max_new_tokens: int) -> str | None:
+    """Cache a sweep's result for this target / drafter / dtype / machine (eyas.draft_shape): the cache file,
+    None where it cannot be written (the report's `cache`)."""
     entry = {**report, "target": target.name, "drafter": str(Path(drafter).resolve()), "dtype": short_name(dtype),
              "prompts": prompts, "max_new_tokens": max_new_tokens, "torch": torch.__version__,
              "measured": report.get("measured") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    return save_best_shape(target.name, drafter, dtype, entry)
+    path = save_best_shape(target.name, drafter, dtype, entry)
+    return None if path is None else str(path)
 
 
 def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torch.dtype, prompt_ids: list[list[int]],
@@ -70,8 +72,7 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
     report = sweep_shapes(target, draft, prompt_ids, stops, max_new_tokens=QUICK_TOKENS, ngram_tokens=ngram_tokens,
                           chains=QUICK_CHAINS, plain_chains=QUICK_PLAIN_CHAINS, trees=QUICK_TREES, progress=progress)
     report = quietest(report, previous)
-    report["cache"] = str(save_sweep(target, drafter, dtype, report, prompts=len(prompt_ids),
-                                     max_new_tokens=QUICK_TOKENS))
+    report["cache"] = save_sweep(target, drafter, dtype, report, prompts=len(prompt_ids), max_new_tokens=QUICK_TOKENS)
     report["seconds"] = time.perf_counter() - t0
     verdict = (f"fastest {shape_label(report['best'])} at {report['best_tokens_per_s']:.1f} tok/s"
                if report["beats_target"] else
