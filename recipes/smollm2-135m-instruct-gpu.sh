@@ -180,8 +180,8 @@ while True:
         for rec in map(json.loads, whole.splitlines()):
             if rec.get("kind") == "eval" and rec["step"] not in shown:
                 shown.add(rec["step"])
-                print(f"held-out step {rec['step']:>6}: tau(5) {rec['tau']:.3f}  depth-1 {rec['accept_depth1']:.3f}",
-                      file=sys.stderr, flush=True)
+                tau, acc = (float("nan") if v is None else v for v in (rec["tau"], rec["accept_depth1"]))  # null: NaN
+                print(f"held-out step {rec['step']:>6}: tau(5) {tau:.3f}  depth-1 {acc:.3f}", file=sys.stderr, flush=True)
     if done:
         break
     time.sleep(2)

@@ -32,6 +32,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from conftest import random_tensors
 from eyas.contract import contract_for_target
 from eyas.cli import build_parser
+from eyas.cli.measure import format_train
 from eyas.data import capture
 from eyas.drafter_loading import load_drafter
 from eyas.errors import ContractError, EyasError
@@ -428,6 +429,41 @@ def test_resume_refuses_shards_at_other_capture_layers_and_old_runs(target_dir, 
         train(config(data, out, target_dir, max_steps=1, lr=1e-12, resume=True))
 
 
+def test_resume_drops_a_log_record_cut_short_and_refuses_a_garbled_log(target_dir, captured, tmp_path):
+    """A full disk mid-append left a half line at the log's end: every --resume was a JSONDecodeError."""
+    out = tmp_path / "run"
+    train(config(captured, out, target_dir, max_steps=2, save_every=1))
+    log = out / "train_log.jsonl"
+    whole = log.read_text()
+    log.write_text(whole + '{"step": 3, "loss": 1.2')
+    assert train(config(captured, out, target_dir, max_steps=2, save_every=1, resume=True))["steps"] == 2
+    assert log.read_text() == whole
+    log.write_text("not a record\n" + whole)
+    with pytest.raises(EyasError, match=rf"{log}: line 1 is not a training log record"):
+        train(config(captured, out, target_dir, max_steps=2, save_every=1, resume=True))
+
+
+def test_the_log_records_the_rate_each_step_took(target_dir, captured, tmp_path):
+    """Step s trains at lr * lr_factor(s - 1): the log gave the next step's rate (step 1 at the second's)."""
+    from eyas.train.checkpoint import read_log
+    from eyas.train.schedule import lr_factor
+
+    summary = train(config(captured, tmp_path / "run", target_dir, warmup=2, max_steps=5, save_every=0))
+    assert 0 < summary["epochs_run"] < 1 == summary["epochs"]  # 5 steps of an epoch of ~8 (it said 1 epoch)
+    assert f"({summary['epochs_run']:g} of 1 epochs" in format_train(summary)
+    logged = [(r["step"], r["lr"]) for r in read_log(tmp_path / "run" / "train_log.jsonl") if r["kind"] == "train"]
+    assert logged == [(s, pytest.approx(1e-3 * lr_factor(s - 1, 2, 5))) for s in range(1, 6)]
+
+
+def test_a_heldout_set_the_cut_leaves_unmeasurable_is_refused_before_training(target_dir, captured, tmp_path):
+    """--max-len 11 keeps the three samples whose answers start at token 11, one answer token each: the held-out
+    one was refused by the first eval, after training, and the run erased with it."""
+    out = tmp_path / "run"
+    with pytest.raises(EyasError, match=r"the 1 held-out samples, cut to --max-len 11, have no answer"):
+        train(config(captured, out, target_dir, max_len=11, eval_fraction=0.2, max_steps=1))
+    assert not out.exists()
+
+
 def test_captures_made_in_parallel_train_as_one(target_dir, captured, tmp_path):
     """`eyas capture --skip` splits one prompt source over processes; `--data A,B` trains on all."""
     t = Target.load(target_dir)
@@ -533,6 +569,10 @@ def test_init_reads_nested_layer_ids_as_layer_convention_says(target_dir, captur
     assert train(config(captured, tmp_path / "output", target_dir, layer_convention="output", **kw))["steps"] == 1
     with pytest.raises(EyasError, match=r"layer_convention='output' without init"):
         train(config(captured, tmp_path / "alone", target_dir, layer_convention="output", max_steps=1))
+    # resumed as the interrupt note says (without the warm start's flags): layer_convention was refused as changed
+    run = dict(max_steps=1, save_every=1, draft_vocab=None)
+    train(config(captured, tmp_path / "resumed", target_dir, init=str(draft), layer_convention="output", **run))
+    assert train(config(captured, tmp_path / "resumed", target_dir, resume=True, **run))["steps"] == 1
 
 
 def test_init_refuses_a_draft_that_does_not_fit_naming_the_field(target_dir, captured, init_draft, tmp_path):
@@ -583,6 +623,11 @@ def test_learning_curve_counts_processor_hours_of_the_training_steps(tmp_path):
         append_log(one, {**r, "tau_ci95": [math.nan, math.nan]} if r["kind"] == "eval" else r)
     assert "NaN" not in one.read_text() and heldout_curve(one).tau_ci95 == [[None, None]] * 2
     plot_heldout([heldout_curve(one)], tmp_path / "no_interval.png")
+    nothing = tmp_path / "nothing_measured.jsonl"  # a held-out set too short for depth 5: tau NaN, logged null
+    for r in records:
+        append_log(nothing, {**r, "tau": math.nan} if r["kind"] == "eval" else r)
+    assert all(math.isnan(t) for t in heldout_curve(nothing).tau)  # a format error on None, it was
+    plot_heldout([heldout_curve(nothing)], tmp_path / "nan.png")
     gpu = [{**r, "device": "cuda", "procs": 1} if r["kind"] == "train" else r for r in records]
     log.write_text("".join(json.dumps(r) + "\n" for r in gpu))
     assert heldout_curve(log).hours == [1.0, 1.5] and heldout_curve(log).unit == "GPU"

@@ -175,7 +175,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def format_train(summary: dict[str, Any]) -> str:
     """What a finished run made, for people; `--json` prints the summary itself."""
     loss = "-" if summary["loss"] is None else f"{summary['loss']:.4f}"
-    lines = [f"trained {summary['steps']} steps ({summary['epochs']} epochs, {summary['world_size']} process(es)) "
+    lines = [f"trained {summary['steps']} steps ({summary['epochs_run']:g} of {summary['epochs']} epochs, "
+             f"{summary['world_size']} process(es)) "
              f"on {summary['train_samples']} samples, {summary['heldout_samples']} held out: loss {loss}, "
              f"capture layers {summary['capture_layers']}, draft vocab {summary['draft_vocab_size']} "
              f"(coverage {summary['coverage']:.3f})"]

@@ -30,9 +30,10 @@ from eyas.weights import model_files
 STATE_FORMAT = "eyas-train-state"
 # Fields a resumed run may change: they do not affect the weights it produces.
 # (`data` may move: the capture itself is compared by its manifest fingerprint and sample count;
-# `init` is used once, by the first run: a resumed run starts from its checkpoint.)
-RESUME_MAY_CHANGE = ("data", "out", "resume", "init", "progress", "save_every", "eval_every", "export_dtype",
-                     "keep_checkpoints", "device")
+# `init` and `layer_convention`, how its layer ids are read, are used once, by the first run: a resumed run
+# starts from its checkpoint.)
+RESUME_MAY_CHANGE = ("data", "out", "resume", "init", "layer_convention", "progress", "save_every", "eval_every",
+                     "export_dtype", "keep_checkpoints", "device")
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,25 @@ def read_log(log: Path) -> list[dict[str, Any]]:
 
 
 def _truncate_log(log: Path, step: int) -> None:
-    """Drop log records past `step` (written by a run killed after its last checkpoint)."""
+    """Drop log records past `step` (written by a run killed after its last checkpoint), and a last record
+    cut short (a full disk or a kill mid-append: the log is appended to, not rewritten); any other line that
+    is not a record is refused, naming the log."""
     if not log.is_file():
         return
-    keep = [line for line in log.read_text(encoding="utf-8").splitlines()
-            if line and json.loads(line)["step"] <= step]
+    lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line]
+    keep = []
+    for i, line in enumerate(lines, 1):
+        try:
+            record_step = json.loads(line)["step"]
+            if type(record_step) is not int:
+                raise TypeError(f"step is {record_step!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            if i == len(lines) and not isinstance(e, (KeyError, TypeError)):
+                break  # its step is past the checkpoint anyway
+            raise EyasError(f"{log}: line {i} is not a training log record ({type(e).__name__}: {e})",
+                            "restore the run's train_log.jsonl, or train into a new --out") from None
+        if record_step <= step:
+            keep.append(line)
     write_text(log, "".join(line + "\n" for line in keep))
 
 

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from eyas.data import CapturedData, open_shards
 from eyas.errors import ContractError, EyasError
+from eyas.evaluate import draft_starts
 from eyas.shift import shift_for_draft
 from eyas.target import TargetRef
 from eyas.train.config import TrainConfig, data_folders
@@ -45,8 +46,13 @@ def load_training_data(config: TrainConfig, *, expect_capture_layers: list[int] 
     samples = [s for data in captures for s in load_samples(data, config.max_len)]
     data_id = {"fingerprint": ",".join(data.manifest["fingerprint"] for data in captures), "samples": len(samples)}
     train_idx, heldout_idx = split(len(samples), config.eval_fraction, config.seed)
-    return TrainingData(capture_layers, [shift_for_draft(samples[i]) for i in train_idx],
-                        [samples[i] for i in heldout_idx], data_id)
+    heldout = [samples[i] for i in heldout_idx]
+    if heldout and not any(bool(draft_starts(s["loss_mask"]).any()) for s in heldout):  # refused at the first eval
+        raise EyasError(f"--eval-fraction {config.eval_fraction}: the {len(heldout)} held-out samples, cut to "
+                        f"--max-len {config.max_len}, have no answer the draft can be measured on (two answer tokens "
+                        "in a row after the first)", "raise --max-len, hold out more (--eval-fraction), or pass "
+                        "--eval-fraction 0")
+    return TrainingData(capture_layers, [shift_for_draft(samples[i]) for i in train_idx], heldout, data_id)
 
 
 def refuse_repeats(captures: list[CapturedData]) -> None:

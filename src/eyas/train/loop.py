@@ -134,8 +134,10 @@ class _Run:
         if found is None:
             return (f"{self.config.out} holds no checkpoint yet: rerun the same `eyas train` command (without "
                     "--resume) to start again")
-        return (f"{self.config.out} resumes from checkpoint {found.name}: rerun the same `eyas train` command with "
-                "--resume")
+        c = self.config
+        warm = [flag for flag, given in (("--init", c.init), ("--layer-convention", c.layer_convention)) if given]
+        without = f", without {' and '.join(warm)} (the checkpoint holds the warm start)" if warm else ""
+        return f"{c.out} resumes from checkpoint {found.name}: rerun the same `eyas train` command with --resume{without}"
 
     def stop_here(self) -> None:
         """A signal was held during the step just finished: save this step (rank 0), then stop."""
@@ -279,6 +281,7 @@ class _Run:
         loss = float(report[0])
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.diverged(self.step + 1, f"loss {loss}, grad norm {grad_norm}")
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step takes (the scheduler then sets the next one's)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -287,7 +290,7 @@ class _Run:
         acc = (s[1] / s[2].clamp(min=1)).tolist()
         self.last.update(loss=loss, acc_by_step=acc)
         tokens = sum(lengths[i] for i in batch_ids)
-        return {"kind": "train", "step": self.step, "epoch": self.epoch, "lr": self.scheduler.get_last_lr()[0],
+        return {"kind": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
                 "loss": loss, "loss_by_step": (s[0] / s[2].clamp(min=1)).tolist(), "acc_by_step": acc,
                 "positions_by_step": s[2].int().tolist(), "grad_norm": grad_norm, "tokens": tokens,
                 "tokens_per_s": tokens / (time.perf_counter() - t0), **self.hardware}
@@ -338,7 +341,9 @@ class _Run:
         if files.log.exists():
             plot_curves(files.log, files.curves)
         return {
-            "out": str(files.out), "steps": self.step, "epochs": self.config.epochs, "world_size": self.world_size,
+            "out": str(files.out), "steps": self.step, "epochs": self.config.epochs,
+            "epochs_run": round(self.epoch + self.batch_at / len(self.plans[self.epoch]), 3),  # --max-steps may stop
+            "world_size": self.world_size,
             "init": self.config.init, "capture_layers": list(contract.capture_layers),
             "draft_vocab_size": contract.draft_vocab_size, "coverage": self.draft.coverage,
             "train_samples": len(self.data.train_set), "heldout_samples": len(self.data.heldout),
