@@ -92,6 +92,9 @@ def test_init_from_a_local_target_is_check_clean_with_the_verifier_name(target, 
     assert run(capsys, "check", tmp_path / "d", "--target", target)[0] == 0
     code, _, err = run(capsys, "init", tmp_path / "e", "--target", target, "--verifier-name", " ")
     assert code == 2 and "--verifier-name is empty" in err and not (tmp_path / "e").exists()
+    # the default layers this 4-layer target cannot take: the error names the target, not the verifier name
+    code, _, err = run(capsys, "init", tmp_path / "f", "--target", target, "--verifier-name", "org/tiny")
+    assert code == 2 and err.startswith(f"error: {target}: the default (2, N//2, N-3) for 4 layers"), err
 
 
 def test_convert_then_check_against_a_target_folder_or_config_file(draft, target, tmp_path, capsys):

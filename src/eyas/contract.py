@@ -174,6 +174,10 @@ class DraftContract:
     def replace(self, **changes: Any) -> DraftContract:
         return dataclasses.replace(self, **changes)
 
+    def verifier_named(self, name: str | None) -> DraftContract:
+        """This contract with its verifier recorded as `name` (--verifier-name: what engines load), or as it is."""
+        return self if name is None else self.replace(verifier=dataclasses.replace(self.verifier, name_or_path=name))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with the field names above (capture_layers as a list)."""
         d = dataclasses.asdict(self)

@@ -319,7 +319,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     target = target_of(args, weights=True)
     contract = contract_for_target(target_config(target), capture_layers=capture_layers_of(args.capture_layers),
-                                   name=args.verifier_name or target_name(target))
+                                   name=target_name(target)).verifier_named(args.verifier_name)  # errors name --target
     drafter = Drafter(contract, embed_tokens=load_target_embeddings(target)).init_weights(args.seed)
     path = write_checkpoint(args.dst, contract, drafter.state_dict(), args.format, force=args.force)
     warnings = draft_warnings(read_checkpoint(path))  # as check says them: an engine that will not load it, ...

@@ -186,8 +186,7 @@ def convert_checkpoint(
             f"{'speculators and eagle configs' if to == 'both' else to + ' config'} cannot state",
             "keep the draft in the format its trainer wrote; eyas inspect and eyas check read it as it is",
         )
-    name = verifier_name or source.contract.verifier.name_or_path or target_name
-    contract = source.contract.replace(verifier=dataclasses.replace(source.contract.verifier, name_or_path=name))
+    contract = source.contract.verifier_named(verifier_name or source.contract.verifier.name_or_path or target_name)
     if "capture_layers" in source.assumed:
         # the source names no layers: neither does its copy, which engines serve as they serve the source
         # (the engines' default of each target; --target's depth only resolved it for reading)
