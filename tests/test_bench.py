@@ -331,9 +331,9 @@ def test_a_draft_for_another_target_is_refused_before_the_target_loads(saved, tm
     draft = write_checkpoint(tmp_path / "other", contract, random_tensors(contract), "speculators")
     monkeypatch.setattr(Target, "load", lambda *a, **k: pytest.fail("target loaded for a draft that cannot fit"))
     with pytest.raises(ContractError, match="does not fit"):
-        run_generate(draft, "hello", target=target, dtype="fp32")
+        run_generate(draft, "hello", target=target, dtype="fp32", max_new_tokens=8)  # the prompt fits the context
     with pytest.raises(ContractError, match="does not fit"):
-        run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", progress=False)
+        run_bench(draft, prompts=prompt_file(tmp_path), target=target, dtype="fp32", max_new_tokens=8, progress=False)
 
 
 def test_prompt_longer_than_the_context_is_named(saved, tmp_path):

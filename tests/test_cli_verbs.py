@@ -261,6 +261,7 @@ def test_every_verb_every_flag_has_help_and_closed_sets_have_choices():
         if "--dtype" in flags:  # eyas's names and vLLM's / transformers' (+ auto where eyas decodes or evaluates: the default)
             auto = {"auto"} if verb in ("generate", "bench", "eval") else set()
             assert {"bf16", "bfloat16", "fp32", "float32"} | auto <= set(flags["--dtype"].choices) <= set(DTYPE_CHOICES) | auto, verb
+            assert flags["--dtype"].type("BFloat16") == "bfloat16", verb  # any case, as eyas.dtypes reads names
         if verb in ("inspect", "check", "convert", "eval", "generate", "bench", "doctor"):
             assert "--layer-convention" in flags, verb
         if verb in ("capture", "eval", "train", "generate", "bench", "doctor", "serve-check"):

@@ -332,6 +332,18 @@ def test_propose_tree_shape(big):
         assert tree.is_chain == (top_k == 1 or depth == 1 and budget == 1)
 
 
+def test_tree_candidates_break_ties_as_the_chain_and_eval_do(big):
+    """Tied draft scores (common in bf16): the tree's level-1 candidates are the lower ids, as the chain's argmax
+    and eval's tree (eyas.acceptance.top_ids) take them; `topk` took the highest of four tied ids first."""
+    contract = tiny_contract()
+    drafter = random_drafter(big, contract)
+    logits = torch.full((1, 1, contract.draft_vocab_size), -5.0)
+    logits[0, 0, [3, 7, 11, 15]] = 2.0
+    tree = propose_tree(drafter, DraftCache(drafter, 1, 64), logits, torch.zeros(1, 1, contract.hidden_size),
+                        torch.tensor([1]), 6, 1, 2, 2)
+    assert tree.tokens[1:].tolist() == drafter.to_target_ids(torch.tensor([3, 7])).tolist()
+
+
 def test_a_one_wide_tree_drafts_the_chain_within_a_sliding_window(big):
     """A tree of top_k 1 is a chain: with a draft that attends over its last 3 positions, the tree's
     ancestor mask keeps the same window as the chain's causal one (prompt 12 tokens, so the window
@@ -528,6 +540,7 @@ def test_refusals(big, small, monkeypatch):
         (EyasError, "tree 2,0,2: expected", dict(input_ids=prompt, max_new_tokens=4, tree=(2, 0, 2))),
         (EyasError, "max_new_tokens=0", dict(input_ids=prompt, max_new_tokens=0)),
         (EyasError, "top_p", dict(input_ids=prompt, max_new_tokens=4, temperature=1.0, top_p=0.0)),
+        (EyasError, "temperature=nan", dict(input_ids=prompt, max_new_tokens=4, temperature=float("nan"))),
     ]
     for error, text, kwargs in cases:
         with pytest.raises(error, match=text):

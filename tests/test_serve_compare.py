@@ -261,6 +261,22 @@ def test_an_unusable_draft_is_refused_before_the_target_loads_or_the_engine_star
         sc.serve_check(draft, target=target.path)
 
 
+def test_an_engine_that_fails_while_generating_is_one_error_line_under_its_traceback(tiny, tmp_path, capsys):
+    """The worker's traceback was inside the `error:` line (and JSON's error): now the engine's `vllm|` lines."""
+    target, _ = tiny
+    draft = tmp_path / "draft"
+    assert main(["init", str(draft), "--target", str(target.path), "--capture-layers", "1,2,3"]) == 0
+    capsys.readouterr()
+    run = {"loaded": True, "error": "RuntimeError: Unsupported CPU attention configuration: head_dim=8\n"
+           "Traceback (most recent call last):\n  File \"vllm_worker.py\", line 250", "outputs": []}
+    with pytest.raises(EyasError) as e:
+        assess(draft, target, [[5, 6]], run, 2, engine_version="test", dump=None, doctor=False)
+    assert str(e.value) == ("vLLM loaded the draft but failed while generating: RuntimeError: Unsupported CPU "
+                            "attention configuration: head_dim=8") and "vllm|" in e.value.hint
+    assert capsys.readouterr().err.splitlines() == ["vllm| Traceback (most recent call last):",
+                                                    'vllm|   File "vllm_worker.py", line 250']
+
+
 def test_a_worker_that_dies_is_one_error_line_under_its_own_log_lines(tmp_path, monkeypatch, capsys):
     """vLLM's traceback is the engine's words: printed as `vllm|` lines, then eyas's one-line error with its
     last line (it was folded into the error itself, between `error:` and `hint:`)."""

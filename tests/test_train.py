@@ -441,6 +441,10 @@ def test_resume_drops_a_log_record_cut_short_and_refuses_a_garbled_log(target_di
     log.write_text("not a record\n" + whole)
     with pytest.raises(EyasError, match=rf"{log}: line 1 is not a training log record"):
         train(config(captured, out, target_dir, max_steps=2, save_every=1, resume=True))
+    log.write_text(whole)
+    (out / "draft" / "README.md").write_text("notes")  # the export would delete it: said before training, in train's
+    with pytest.raises(EyasError, match=r"the run's export replaces this folder, but it holds files .*README.md"):
+        train(config(captured, out, target_dir, max_steps=2, save_every=1, resume=True))  # words (it named --force)
 
 
 def test_the_log_records_the_rate_each_step_took(target_dir, captured, tmp_path):

@@ -18,8 +18,8 @@ from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
 
 def top_ids(scores: Tensor, k: int) -> Tensor:
     """[..., k] the ids of the k largest scores, largest first, ties to the lower id as `argmax` breaks
-    them (decoding's greedy draft): `topk` breaks ties by k, so in bf16, where ties are common, the
-    chain's first token would change with the tree's top-k.
+    them (decoding's greedy draft; its trees pick their candidates with this too): `topk` breaks ties by k,
+    so in bf16, where ties are common, the chain's first token would change with the tree's top-k.
 
     The first k of a stable descending sort, without sorting the vocabulary (that took 6x the head's
     own product over a 32000-token draft vocab, bf16 on a 2-core AMX Xeon): the top m scores, m past the k-th place and every

@@ -26,7 +26,7 @@ from eyas.dtype_choice import DECODE_DTYPES, resolve_dtype
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
 from eyas.machine import runs_on
-from eyas.target import Target, TargetRef
+from eyas.target import Chat, Target, TargetRef
 
 __all__ = ["DECODE_DTYPES", "MEASURED_NOW", "NGRAM_TOKENS", "TARGET_ALONE", "TO_MEASURE", "TO_MEASURE_AGAIN",
            "TextStream", "chat_ids", "choose_shape", "format_generate", "load_models", "measure_shape", "run_generate"]
@@ -40,7 +40,7 @@ TO_MEASURE = "none cached: it times the quick sweep's shapes first (`eyas bench 
 TO_MEASURE_AGAIN = "the cached one was timed under load: it times the quick sweep's shapes again first"
 
 
-def chat_ids(target: Target, prompt: Prompt | str, *, max_new_tokens: int) -> list[int]:
+def chat_ids(target: Target | Chat, prompt: Prompt | str, *, max_new_tokens: int) -> list[int]:
     """The prompt as the user turn of the target's chat template, ready for the assistant's answer.
 
     Refuses a tokenizer without a chat template, and a prompt that leaves no room for
@@ -48,8 +48,7 @@ def chat_ids(target: Target, prompt: Prompt | str, *, max_new_tokens: int) -> li
     """
     if isinstance(prompt, str):
         prompt = Prompt(prompt, "the prompt", "<argument>")
-    limit = getattr(target.config, "max_position_embeddings", None)
-    ids, _ = encode_prompts(target, [prompt], max_new_tokens, limit, False)
+    ids, _ = encode_prompts(target, [prompt], max_new_tokens, target.context, False)
     return ids[0]
 
 
@@ -188,8 +187,9 @@ def run_generate(
     used and where they came from, and decode's stats (tau, acceptance_by_depth, tokens_per_s, ...).
     `progress`: a progress bar on stderr while a shape is measured.
     """
-    dtype, dtype_source = resolve_dtype(dtype, target, device)
     tree = parse_tree(tree)
+    chat_ids(Chat.load(target), prompt, max_new_tokens=max_new_tokens)  # a prompt too long: refused in seconds
+    dtype, dtype_source = resolve_dtype(dtype, target, device)
     target_model, draft = load_models(drafter, target, dtype, layer_convention, device)
     shape, source = choose_shape(target_model.name, drafter, dtype, draft_tokens, tree, models=(target_model, draft),
                                  progress=progress)

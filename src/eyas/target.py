@@ -41,7 +41,7 @@ from eyas.target_ref import (
 
 # The names callers import from eyas.target: a target's identity, config and tensors live in
 # eyas.target_ref, the embedded default in eyas.embedded.
-__all__ = ["DEFAULT_SPECS", "EMBEDDED_DIR", "EMBEDDED_NAME", "Target", "TargetOutput", "TargetRef", "cache_dir",
+__all__ = ["DEFAULT_SPECS", "EMBEDDED_DIR", "EMBEDDED_NAME", "Chat", "Target", "TargetOutput", "TargetRef", "cache_dir",
            "check_fits", "embedded_default_dir", "load_target_embeddings", "resolve_target", "target_config",
            "target_name", "target_tensors"]
 
@@ -58,6 +58,23 @@ class TargetOutput:
     last_hidden: Tensor  # [B, T, H] after the final norm: what lm_head reads
     logits: Tensor | None  # [B, T, V], None when with_logits=False
     past_key_values: object  # the HF cache (DynamicCache), updated with these T positions
+
+
+@dataclass(frozen=True)
+class Chat:
+    """What turns prompts into a target's chat ids: its tokenizer, name and context. Loaded in seconds where
+    the weights take minutes (and `--dtype auto` times them first), so a prompt too long for the target is
+    refused before either; a Target is one too (eyas.data.encode_prompts reads these three)."""
+
+    tokenizer: Any
+    name: str
+    context: int | None
+
+    @classmethod
+    def load(cls, spec: str | Path | TargetRef | None = None) -> Chat:
+        ref = TargetRef.resolve(spec, weights=False)
+        context = ref.text_config.get("max_position_embeddings")  # unset: the model's class default, said later
+        return cls(_tokenizer(ref), ref.name, context if isinstance(context, int) else None)
 
 
 class Target:
@@ -78,6 +95,11 @@ class Target:
                 f"target {path}: {type(model).__name__} has no decoder `layers` and final `norm`",
                 "use a Llama-style decoder-only model (Llama, Qwen2/3, Mistral, ...)",
             )
+
+    @property
+    def context(self) -> int | None:
+        """The longest sequence it takes (max_position_embeddings, as transformers' config reads it)."""
+        return getattr(self.config, "max_position_embeddings", None)
 
     @property
     def device(self) -> torch.device:

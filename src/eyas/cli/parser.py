@@ -102,11 +102,12 @@ def add_reading(p: argparse.ArgumentParser, *, progress: bool, what: str = "the 
 
 def add_dtype(p: argparse.ArgumentParser, what: str, *, auto: str | None = None) -> None:
     """`--dtype`; `auto` (generate, bench, eval) says what "auto", then the default, picks."""
-    if auto:
-        p.add_argument("--dtype", choices=(AUTO, *RUN_DTYPE_CHOICES), default=AUTO,
+    if auto:  # any case, as eyas.dtypes reads a dtype's name
+        p.add_argument("--dtype", type=str.lower, choices=(AUTO, *RUN_DTYPE_CHOICES), default=AUTO,
                        help=f"{what}: auto = {auto} (default: auto)")
     else:
-        p.add_argument("--dtype", choices=RUN_DTYPE_CHOICES, default="bf16", help=f"{what} (default: bf16)")
+        p.add_argument("--dtype", type=str.lower, choices=RUN_DTYPE_CHOICES, default="bf16",
+                       help=f"{what} (default: bf16)")
 
 
 def add_device(p: argparse.ArgumentParser, what: str = "the target and the draft run on") -> None:

@@ -44,7 +44,7 @@ from eyas.errors import ContractError, EyasError, FormatError
 from eyas.interrupt import Guard, on_signals
 
 if TYPE_CHECKING:
-    from eyas.target import Target, TargetRef
+    from eyas.target import Chat, Target, TargetRef
 
 
 def capture(
@@ -189,7 +189,7 @@ def _encode_fitting(target: Target, prompts: Sequence[Prompt], max_new_tokens: i
     positions the target has none for. A capture with no prompt left is refused here, before
     anything is written, rather than left as an empty capture that training refuses later.
     """
-    context = getattr(target.model.config, "max_position_embeddings", None)
+    context = target.context
     limit, set_by = context, f"the context of {target.name}"
     if max_length is not None and (context is None or max_length < context):
         limit, set_by = max_length, "the --max-length given"
@@ -202,7 +202,7 @@ def _encode_fitting(target: Target, prompts: Sequence[Prompt], max_new_tokens: i
 
 
 def encode_prompts(
-    target: Target, prompts: Sequence[Prompt], max_new_tokens: int, limit: int | None, skip_long: bool,
+    target: Target | Chat, prompts: Sequence[Prompt], max_new_tokens: int, limit: int | None, skip_long: bool,
     *, set_by: str | None = None,
 ) -> tuple[list[list[int] | None], list[dict[str, Any]]]:
     """Chat-templated token ids per prompt (None where skipped), and the skipped prompts.

@@ -95,7 +95,7 @@ def _check_request(target: Target, prompt_len: int, max_new_tokens: int, tempera
             f"{prompt_len + max_new_tokens} positions, but the target's context is {context}",
             f"shorten the prompt to at most {context - max_new_tokens} tokens or lower max_new_tokens",
         )
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+    if not temperature >= 0 or not 0 < top_p <= 1 or top_k < 0:  # NaN fails each: it sampled greedily
         raise EyasError(
             f"temperature={temperature}, top_p={top_p}, top_k={top_k}",
             "temperature >= 0 (0 = greedy), 0 < top_p <= 1, top_k >= 0 (0 = off)",

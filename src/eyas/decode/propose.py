@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from eyas.acceptance import top_ids
 from eyas.decode.sampling import Sampling, draw, warp_probs
 from eyas.decode.static_cache import StaticKV
 from eyas.decode.tree import DraftTree, chain_tree
@@ -90,7 +91,8 @@ def propose_tree(
     dev = logits.device
     K = min(top_k, logits.shape[-1])
     logq = logits[0, -1].float().log_softmax(-1)  # [Vd]
-    score, ids = logq.topk(K)  # level 1: [K]
+    ids = top_ids(logq, K)  # level 1: [K], ties to the lower id as the chain's argmax and eval's tree take them
+    score = logq[ids]
     cand_ids, cand_score = [ids], [score]  # draft ids and scores of every candidate, level by level
     cand_parent = [torch.full((K,), -1, device=dev)]  # candidate index of the parent; -1 = the root
     cand_depth = [torch.full((K,), 1, device=dev)]
@@ -110,7 +112,8 @@ def propose_tree(
             mask = mask & in_window(positions[0], keys, drafter.contract.sliding_window)
         logits, h = drafter(front_hidden, x, positions, cache=cache, attn_mask=mask[None])
         logq = logits[0].float().log_softmax(-1)  # [K, Vd]
-        child_logq, child_ids = logq.topk(K, dim=-1)  # [K, K]: top_k children of each frontier node
+        child_ids = top_ids(logq, K)  # [K, K]: top_k children of each frontier node
+        child_logq = logq.gather(-1, child_ids)
         child_score = torch.cat(cand_score)[frontier][:, None] + child_logq  # [K, K]
         n_cand = sum(len(c) for c in cand_ids)
         cand_ids.append(child_ids.flatten())

@@ -95,8 +95,7 @@ def run_vllm(job: dict[str, Any], *, timeout: float, progress: bool = True) -> d
                 _kill_group(proc)  # also on Ctrl-C and on any error above
         if not result_path.is_file():
             tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-15:]
-            for line in tail:  # the engine's own words, marked as its, above eyas's one-line error
-                print(f"vllm| {line}", file=sys.stderr)
+            said_by_engine(tail)
             raise EyasError(f"the vLLM worker exited with code {proc.returncode} and no result"
                             + (f": {tail[-1].strip()}" if tail else ""),
                             ("its last log lines are above (vllm|); " if tail else "it logged nothing; ")
@@ -111,3 +110,9 @@ def run_vllm(job: dict[str, Any], *, timeout: float, progress: bool = True) -> d
             print(f"vllm: {r['name']}: {what}", file=sys.stderr)
         print(f"vllm: {time.perf_counter() - t0:.0f} s in all", file=sys.stderr)
     return result
+
+
+def said_by_engine(lines: list[str]) -> None:
+    """The engine's own words (its log, its traceback) on stderr, each marked `vllm|`, above eyas's one-line error."""
+    for line in lines:
+        print(f"vllm| {line}", file=sys.stderr)

@@ -33,7 +33,7 @@ from eyas.data import encode_prompts, read_prompts
 from eyas.drafter_loading import load_drafter, read_fitting, resolve_drafter
 from eyas.engines.compare import (DRAFTS_SAME, acceptance_agreement, drafts_agreement, dump_check, paired_difference,
                                   rates, sampled_agreement, samples_test, wiring_report)
-from eyas.engines.launch import engine_python, run_vllm
+from eyas.engines.launch import engine_python, run_vllm, said_by_engine
 from eyas.engines.predict import SampledPrediction, compare_drafts, output_fit, predict, predict_sampled
 from eyas.contract import default_capture_layers
 from eyas.errors import EyasError
@@ -241,8 +241,10 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
                                  else "eyas check did NOT predict this refusal (its consumer view needs a fix)"]
         return report
     if run["error"]:
-        raise EyasError(f"vLLM loaded the draft but failed while generating: {run['error']}",
-                        "see the engine log above; report it with the draft's config")
+        first, *traceback = run["error"].splitlines()
+        said_by_engine(traceback)
+        raise EyasError(f"vLLM loaded the draft but failed while generating: {first}",
+                        "its traceback is above (vllm|); report it with the draft's config")
     n = run["counters"]
     report["served"] = rates(n["accepted_per_pos"][:k], n["num_drafts"])
     c = ckpt.contract  # no layer ids: eyas captures the engines' default, as `eyas eval` does

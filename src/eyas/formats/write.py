@@ -41,13 +41,13 @@ def check_destination(dst: str | Path, force: bool) -> None:
         if not force:
             raise FormatError(f"{dst}: folder is not empty",
                               "choose an empty or new DST, or pass --force to replace it")
-        why = _not_a_draft(dst)
+        why = not_a_draft(dst)
         if why is not None:
             raise FormatError(f"{dst}: --force replaces only a draft folder, and this one {why}",
                               "choose a new DST (or move those out of this one yourself)")
 
 
-def _not_a_draft(folder: Path) -> str | None:
+def not_a_draft(folder: Path) -> str | None:
     """Why `folder` is not a draft folder that --force may replace; None when it is one: a draft
     config, and nothing but a draft's files (replacing the folder deletes everything in it, so a
     README, a training log or a model's tokenizer beside the draft refuse it)."""

@@ -21,6 +21,7 @@ import torch
 from eyas.atomic import make_folders, remove_empty, write_atomic, write_text, writing
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
+from eyas.formats.write import not_a_draft
 from eyas.jsonsafe import dumps
 from eyas.target import target_name
 from eyas.train.config import TrainConfig, data_folders
@@ -75,6 +76,10 @@ def resumable(files: RunFiles) -> Path:
     if found is None:
         raise EyasError(f"{files.out}: no training run to resume (no checkpoint in {files.checkpoints})",
                         "drop --resume to start a run there, or pass the --out of the run to continue")
+    why = not_a_draft(files.draft) if files.draft.is_dir() and any(files.draft.iterdir()) else None
+    if why:  # said before training, not by the export at its end
+        raise EyasError(f"{files.draft}: the run's export replaces this folder, but it {why}",
+                        "move those out of it (the run's checkpoints stay), then rerun with --resume")
     return found
 
 

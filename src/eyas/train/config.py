@@ -199,6 +199,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         flag, kind = "--" + f.name.replace("_", "-"), _flag_type(f.name)
         help_ = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
         extra = {k: f.metadata[k] for k in ("choices", "metavar") if k in f.metadata}
+        if "choices" in extra and kind is str:
+            kind = str.lower  # the choices are lower case: BF16 is bf16, as eyas.dtypes reads any case
         if f.default is dataclasses.MISSING:
             p.add_argument(flag, dest=f.name, type=kind, required=True, help=help_, **extra)
         elif kind is bool and f.default:

@@ -110,7 +110,9 @@ class _Run:
 
     def run(self) -> dict[str, Any] | None:
         try:
-            with on_signals(self.resume_note) as self.guard:  # Ctrl-C / SIGTERM: eyas.interrupt
+            with on_signals(self.resume_note) as self.guard, warnings.catch_warnings():  # Ctrl-C / SIGTERM
+                if not self.main:  # every rank reads the data; rank 0 says what it found, once
+                    warnings.simplefilter("ignore")
                 self.setup()
                 self.load_data()
                 self.build_model()
