@@ -171,3 +171,19 @@ def test_a_sweep_times_the_dtype_anew_and_the_run_uses_that_timing(monkeypatch):
     assert len(calls) == 2
     monkeypatch.setattr(dtype_choice, "_THIS_RUN", {})  # the next run reads the new timing
     assert dtype_choice.resolve_dtype("auto", None) == (torch.float32, "auto: measured on this machine (cached)")
+
+
+def test_a_draft_trained_again_into_its_folder_is_measured_again(tmp_path):
+    """The shape cache was keyed by the draft's path alone: a retrained draft there kept the old one's verdict."""
+    import os
+
+    from eyas.draft_shape import save_best_shape
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "model.safetensors").write_bytes(b"weights")
+    save_best_shape("tiny", draft, torch.float32, GOOD_SHAPE)
+    assert read_best_shape("tiny", draft, torch.float32) == GOOD_SHAPE
+    st = (draft / "model.safetensors").stat()
+    os.utime(draft / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert read_best_shape("tiny", draft, torch.float32) is None
