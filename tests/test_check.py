@@ -129,6 +129,17 @@ def test_what_no_runner_builds_is_named_by_check_not_first_by_eval(tmp_path, tar
         check_checkpoint(_ck(tmp_path, name="ok"), target=target)
 
 
+
+def test_a_target_of_another_family_is_named_so_not_called_damaged():
+    """GPT-2 names its depth n_layer: 'num_hidden_layers is None ... restore it if it is damaged' misled."""
+    from eyas.contract import contract_for_target
+
+    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 32, "n_head": 4,
+            "vocab_size": 64}
+    with pytest.raises(FormatError, match=r"no field 'num_\w+' \(model_type 'gpt2'\): eyas runs Llama-style"):
+        contract_for_target(gpt2)
+
+
 _LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
              "original_max_position_embeddings": 256}
 

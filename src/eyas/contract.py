@@ -300,6 +300,9 @@ def target_size(where: str, text: dict[str, Any], key: str) -> int:
     file): a positive integer, or one line naming the field. A draft's config passed as the target,
     or a damaged one, fails here rather than in shape arithmetic."""
     value = text.get(key)
+    if value is None and text.get("model_type"):  # GPT-2 says n_layer: another family's config, not a damaged one
+        raise FormatError(f"{where}: no field {key!r} (model_type {text['model_type']!r}): eyas runs Llama-style "
+                          "decoders, whose configs name it", "use a Llama-style target (Llama, Qwen2/3, Mistral, ...)")
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise FormatError(f"{where}: field {key!r} is {value!r}, not a positive integer",
                           "pass the target's own config.json (restore it if it is damaged)")

@@ -302,7 +302,8 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_target(p)
     add_decoding(p)
     p.add_argument("--sweep", action="store_true",
-                   help="try chain lengths and tree shapes; remember the fastest (with --dtype auto, time the dtypes anew too)")
+                   help="try chain lengths and tree shapes; remember the fastest (with --dtype auto, time the "
+                   "dtypes anew too)")
     p.add_argument("--plot", metavar="PNG", help="speedup per method and prompt category")
     add_reading(p, progress=True)
 

@@ -139,7 +139,8 @@ class _Run:
         c = self.config
         warm = [flag for flag, given in (("--init", c.init), ("--layer-convention", c.layer_convention)) if given]
         without = f", without {' and '.join(warm)} (the checkpoint holds the warm start)" if warm else ""
-        return f"{c.out} resumes from checkpoint {found.name}: rerun the same `eyas train` command with --resume{without}"
+        return (f"{c.out} resumes from checkpoint {found.name}: rerun the same `eyas train` command with "
+                f"--resume{without}")
 
     def stop_here(self) -> None:
         """A signal was held during the step just finished: save this step (rank 0), then stop."""
