@@ -511,10 +511,14 @@ def test_resuming_a_capture_under_other_settings_is_refused_before_the_target_lo
 
 def test_a_prompt_too_long_for_the_target_is_refused_before_the_dtype_timing_and_the_weights(world, capsys,
                                                                                               no_loading):
-    """From the tokenizer alone: generate and bench loaded the weights (after timing them, under --dtype auto)."""
+    """From the tokenizer alone: generate, bench and capture loaded the weights first (generate and bench after
+    timing them, under --dtype auto)."""
     t, d, long = world["target"], world["draft"], " ".join(["hello world"] * 40)
     refused(capsys, ["generate", d, "--target", t, "--prompt", long, "--max-new-tokens", 4],
             "the prompt:", "with the chat template", f"the context of {t}")
     prompts = write(world["root"] / "long.txt", f"hi\n{long}\n".encode())
     refused(capsys, ["bench", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4],
             "long.txt line 2:", "with the chat template")
+    refused(capsys, ["capture", "--out", world["root"] / "never", "--target", t, "--prompts", prompts,
+                     "--capture-layers", "1,2,4", "--max-new-tokens", 4], "long.txt line 2:", "with the chat template")
+    assert not (world["root"] / "never").exists()

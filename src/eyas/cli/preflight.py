@@ -9,8 +9,9 @@ shard's header), and every place it will write is checked writable, creating not
 input has one function here; `VERBS` says which ones a verb needs. Bad input raises EyasError, which
 the CLI prints as one `error:` and one `hint:` line (exit 2).
 
-What needs the loaded model (a prompt longer than the target's context, a draft that does not fit
-the target) is still refused by the command itself.
+What needs more than the flags and files (a prompt longer than the target's context: its tokenizer; a draft
+that does not fit the target: its config) is refused by the command itself, still before the weights load
+(`eyas.target.Chat`: capture, generate and bench read the tokenizer first).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def capture(
     shard_size = max(shard_size, batch_size)
     if device is not None:
         target.model.to(device)
-    limit, prompt_ids, skipped = _encode_fitting(target, prompts, max_new_tokens, max_length, skip_long)
+    limit, prompt_ids, skipped = encode_fitting(target, prompts, max_new_tokens, max_length, skip_long)
     plan = _plan(target, prompts, layers, dtype, shard_size, max_new_tokens, limit, skip_long,
                  generation_settings(do_sample, temperature, top_p, top_k, seed))
     fresh, made = not (out_dir / MANIFEST).exists(), make_folders(out_dir)
@@ -181,8 +181,8 @@ def _feature_dtype(dtype: torch.dtype | str) -> torch.dtype:
         raise EyasError(f"feature dtype {dtype!r} is not supported", "use bfloat16, float16 or float32") from None
 
 
-def _encode_fitting(target: Target, prompts: Sequence[Prompt], max_new_tokens: int, max_length: int | None,
-                    skip_long: bool) -> tuple[int | None, list[list[int] | None], list[dict[str, Any]]]:
+def encode_fitting(target: Target | Chat, prompts: Sequence[Prompt], max_new_tokens: int, max_length: int | None,
+                   skip_long: bool) -> tuple[int | None, list[list[int] | None], list[dict[str, Any]]]:
     """The token limit, then `encode_prompts` under it; refused when every prompt is skipped.
 
     `max_length` caps the target's context, never extends it: a longer sequence would reach
