@@ -205,11 +205,14 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     assert sweep["cache"] == str(path)
     stored = json.loads(path.read_text())
     assert len(stored) == 1 and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    # target, drafter, dtype, machine, cpus, instruction sets, dispatched set, threads, eyas's bf16 kernel
+    # target, drafter, its weights as written, dtype, machine, cpus, instruction sets, dispatched set, threads,
+    # torch, eyas's bf16 kernel
     key = json.loads(next(iter(stored)))
-    assert key[:3] == [name, str(draft.resolve()), "bf16"] and key[4] == os.cpu_count()
-    assert key[5:] == [cpu_flags(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
-                       bf16_kernel.available()]
+    weights = (draft / "model.safetensors").stat()
+    assert key[:4] == [name, str(draft.resolve()), [["model.safetensors", weights.st_size, weights.st_mtime_ns]],
+                       "bf16"] and key[5] == os.cpu_count()
+    assert key[6:] == [cpu_flags(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
+                       torch.__version__, bf16_kernel.available()]
     assert sweep["beats_target"] == (sweep["best_tokens_per_s"] > sweep["target_tokens_per_s"])
     entry = read_best_shape(name, draft, "bf16")
     assert entry["best"] == sweep["best"] and entry["max_new_tokens"] == 5

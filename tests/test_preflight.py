@@ -447,6 +447,8 @@ def test_a_draft_passed_as_the_target_is_named(world, capsys, no_loading):
     (broken / "config.json").write_text(json.dumps(cfg))
     refused(capsys, ["init", world["root"] / "never", "--target", broken], "field 'hidden_size' is None")
     assert not (world["root"] / "never").exists()
+    refused(capsys, ["eval", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")
+    refused(capsys, ["doctor", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")
 
 
 def test_a_bench_prompt_file_that_is_not_there_names_benchs_sets(world, capsys, no_loading):
@@ -511,8 +513,8 @@ def test_resuming_a_capture_under_other_settings_is_refused_before_the_target_lo
 
 def test_a_prompt_too_long_for_the_target_is_refused_before_the_dtype_timing_and_the_weights(world, capsys,
                                                                                               no_loading):
-    """From the tokenizer alone: generate, bench and capture loaded the weights first (generate and bench after
-    timing them, under --dtype auto)."""
+    """From the tokenizer alone: generate, bench, capture and eval loaded the weights first (generate and bench
+    after timing them, under --dtype auto)."""
     t, d, long = world["target"], world["draft"], " ".join(["hello world"] * 40)
     refused(capsys, ["generate", d, "--target", t, "--prompt", long, "--max-new-tokens", 4],
             "the prompt:", "with the chat template", f"the context of {t}")
@@ -522,3 +524,5 @@ def test_a_prompt_too_long_for_the_target_is_refused_before_the_dtype_timing_and
     refused(capsys, ["capture", "--out", world["root"] / "never", "--target", t, "--prompts", prompts,
                      "--capture-layers", "1,2,4", "--max-new-tokens", 4], "long.txt line 2:", "with the chat template")
     assert not (world["root"] / "never").exists()
+    refused(capsys, ["eval", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")
+    refused(capsys, ["doctor", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")

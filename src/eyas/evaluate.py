@@ -29,7 +29,7 @@ from tqdm import tqdm
 from eyas.acceptance import difference, figures, sample_counts, stacked, top_ids
 from eyas.atomic import write_figure
 from eyas.contract import default_capture_layers
-from eyas.data import MANIFEST, capture, read_prompts
+from eyas.data import MANIFEST, capture, prompts_fit, read_prompts
 from eyas.data.shards import check_target
 from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
 from eyas.devices import on_gpu
@@ -325,6 +325,8 @@ def evaluate(
     t0 = time.perf_counter()
     dtype = eval_dtype(dtype, device)
     ref = TargetRef.resolve(target, needed_by="eyas eval", device=device, dtype=dtype)
+    if data is None:  # a prompt too long for the target: from its tokenizer, before any weights load
+        prompts_fit(ref, asked := read_prompts(prompts or "mtbench", limit=limit), max_new_tokens)
     drafter, config, layers = _drafter_and_layers(drafter_path, ref, layer_convention, dtype)
     other = None
     if against is not None:
@@ -335,9 +337,8 @@ def evaluate(
                             "compare drafts that read the same target layers (eyas check shows them)")
     with tempfile.TemporaryDirectory(prefix="eyas-eval-") as tmp:
         if data is None:
-            capture(Target.load(ref), read_prompts(prompts or "mtbench", limit=limit), layers, tmp,
-                    max_new_tokens=max_new_tokens, dtype=dtype, progress=progress, do_sample=temperature > 0,
-                    temperature=temperature, seed=0, answers="generate")
+            capture(Target.load(ref), asked, layers, tmp, max_new_tokens=max_new_tokens, dtype=dtype, progress=progress,
+                    do_sample=temperature > 0, temperature=temperature, seed=0, answers="generate")
             data, data_format = tmp, "eyas"
         cache = open_cache(data, format=data_format, num_layers=ref.num_layers, vocab_size=ref.vocab_size)
         info = cache.info

@@ -21,7 +21,7 @@ from eyas.bench.timing import (
     time_interleaved,
     with_speedups,
 )
-from eyas.data import eos_ids
+from eyas.data import eos_ids, prompts_fit
 from eyas.decode import DEFAULT_DRAFT_TOKENS
 from eyas.draft_shape import needs_sweep, parse_tree, read_best_shape
 from eyas.devices import on_gpu
@@ -31,7 +31,7 @@ from eyas.dtypes import short_name, to_dtype
 from eyas.errors import EyasError
 from eyas.generate import NGRAM_TOKENS, chat_ids, choose_shape, load_models, measure_shape, quick_prompt_ids
 from eyas.machine import quietest, say_if_busy
-from eyas.target import Chat, Target
+from eyas.target import Target
 
 DEFAULT_TREE = (5, 4, 16)  # 16 draft nodes: the tree when neither --tree nor a sweep gives one
 
@@ -76,9 +76,7 @@ def run_bench(
     if draft_tokens is not None and draft_tokens < 1:
         raise EyasError(f"draft_tokens={draft_tokens}: a chain needs at least 1 draft token", "e.g. --draft-tokens 4")
     items = bench_prompts(prompts, limit=limit)  # a bad prompt file fails before any model loads
-    chat = Chat.load(target)  # and a prompt too long for the target, before the dtype timing and the weights
-    for it in items:
-        chat_ids(chat, it.prompt, max_new_tokens=max_new_tokens)
+    prompts_fit(target, [it.prompt for it in items], max_new_tokens)  # and one too long, before the dtype timing
     dtype, dtype_source = resolve_dtype(dtype, target, device, again=sweep)  # a sweep times the dtypes anew
     # each Hugging Face baseline in its own fastest dtype here (on a GPU: the one eyas decodes in)
     baseline_dtypes = hf_dtypes(dtype if on_gpu(device) else asked, target)

@@ -24,9 +24,9 @@ from eyas.errors import EyasError
 def cmd_capture(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.contract import default_capture_layers
-    from eyas.data import capture, encode_fitting, read_prompts
+    from eyas.data import capture, prompts_fit, read_prompts
     from eyas.dtypes import to_dtype
-    from eyas.target import Chat, Target
+    from eyas.target import Target
 
     target_spec = target_of(args, weights=True)
     end = None if args.limit is None else min(args.skip + args.limit, sys.maxsize)  # both bounded by preflight
@@ -37,8 +37,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         after = f" after --skip {args.skip}" if args.skip else ""
         warning_said(f"--limit {args.limit}: {args.prompts} has {len(prompts)} prompts{after}; capturing those")
     dtype = to_dtype(args.dtype)
-    # a prompt too long for the target, from its tokenizer: seconds, where the weights take minutes
-    encode_fitting(Chat.load(target_spec), prompts, args.max_new_tokens, args.max_length, args.skip_long)
+    prompts_fit(target_spec, prompts, args.max_new_tokens, max_length=args.max_length, skip_long=args.skip_long)
     # loaded onto --device, not moved there after: refused when too large for it, spread over GPUs
     target = Target.load(target_spec, dtype=dtype, device=args.device)
     layers = capture_layers_of(args.capture_layers) or default_capture_layers(target.num_layers)

@@ -25,7 +25,7 @@ Submodules:
 """
 
 from eyas.data.answers import answer, eos_ids, pad_id
-from eyas.data.capturing import capture, encode_fitting, encode_prompts
+from eyas.data.capturing import capture, encode_prompts, prompts_fit
 from eyas.data.prompts import (
     DEFAULT_EVAL_PROMPTS,
     DEFAULT_TRAIN_PROMPTS,
@@ -50,7 +50,6 @@ __all__ = [
     "answer",
     "capture",
     "copy_heavy_file",
-    "encode_fitting",
     "encode_prompts",
     "eos_ids",
     "eval_index",
@@ -58,5 +57,6 @@ __all__ = [
     "open_shards",
     "packaged_file",
     "pad_id",
+    "prompts_fit",
     "read_prompts",
 ]

@@ -201,6 +201,15 @@ def encode_fitting(target: Target | Chat, prompts: Sequence[Prompt], max_new_tok
     return limit, ids, skipped
 
 
+def prompts_fit(target: str | Path | TargetRef | None, prompts: Sequence[Prompt], max_new_tokens: int, *,
+                max_length: int | None = None, skip_long: bool = False) -> None:
+    """Refuse prompts `encode_fitting` would refuse, from the target's tokenizer alone: seconds, where loading
+    the weights (and `--dtype auto` timing them) takes minutes, so a prompt too long is said before either."""
+    from eyas.target import Chat
+
+    encode_fitting(Chat.load(target), prompts, max_new_tokens, max_length, skip_long)
+
+
 def encode_prompts(
     target: Target | Chat, prompts: Sequence[Prompt], max_new_tokens: int, limit: int | None, skip_long: bool,
     *, set_by: str | None = None,

@@ -21,8 +21,9 @@ from eyas.contract import DEFAULT_ROPE_THETA
 from eyas.evaluate import check_slots
 from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, layers_found, measure_on_cache, \
     open_for
-from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, Capture, collect, collect_from
+from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS, Capture, collect, collect_from
 from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
+from eyas.data import prompts_fit, read_prompts
 from eyas.data.dumps import read_dump
 from eyas.doctor.dumps import check_dump, dump_on_tokens, dump_section
 from eyas.doctor.measure import Measurer
@@ -262,6 +263,8 @@ def diagnose(
     t0 = time.perf_counter()
     path = Path(drafter)
     ref = TargetRef.resolve(capture.target.path if capture is not None else target, weights=False, device=device)
+    if capture is None and features is None:  # a prompt too long for the target: from its tokenizer, first
+        prompts_fit(ref, read_prompts(prompts or DEFAULT_PROMPTS, limit=limit), max_new_tokens)
     tgt_dir = ref.path
     rep = check_checkpoint(path, target=tgt_dir, layer_convention=layer_convention)
     ckpt, tcfg = rep.checkpoint, ref.text_config
