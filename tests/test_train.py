@@ -448,11 +448,14 @@ def test_resume_drops_a_log_record_cut_short_and_refuses_a_garbled_log(target_di
 
 
 def test_the_log_records_the_rate_each_step_took(target_dir, captured, tmp_path):
-    """Step s trains at lr * lr_factor(s - 1): the log gave the next step's rate (step 1 at the second's)."""
+    """Step s trains at lr * lr_factor(s - 1): the log gave the next step's rate (step 1 at the second's). The
+    export records --verifier-name (a local target's path made every trained draft fail `eyas check`)."""
     from eyas.train.checkpoint import read_log
     from eyas.train.schedule import lr_factor
 
-    summary = train(config(captured, tmp_path / "run", target_dir, warmup=2, max_steps=5, save_every=0))
+    summary = train(config(captured, tmp_path / "run", target_dir, warmup=2, max_steps=5, save_every=0,
+                           verifier_name="org/tiny"))
+    assert read_checkpoint(tmp_path / "run" / "draft").contract.verifier.name_or_path == "org/tiny"  # not the path
     assert 0 < summary["epochs_run"] < 1 == summary["epochs"]  # 5 steps of an epoch of ~8 (it said 1 epoch)
     assert f"({summary['epochs_run']:g} of 1 epochs" in format_train(summary)
     logged = [(r["step"], r["lr"]) for r in read_log(tmp_path / "run" / "train_log.jsonl") if r["kind"] == "train"]

@@ -216,12 +216,14 @@ def test_the_command_line_names_its_flags_not_the_fields(target_dir, captured, t
     """`--init x --resume` on the command line is refused in the words typed, not TrainConfig's."""
     c = config(captured, tmp_path / "run", target_dir)
     run = subprocess.run([sys.executable, "-m", "eyas", "train", *flags(c), "--init", "somewhere", "--resume",
-                          "--max-steps", "0", "--data", ""], env=env(), capture_output=True, text=True)
+                          "--max-steps", "0", "--data", "", "--verifier-name", " "], env=env(), capture_output=True,
+                         text=True)
     assert run.returncode == 2, run.stderr
     error = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert error == ["error: invalid training settings: --max-steps 0 (must be >= 1); --data '' (a capture folder, "
-                     "or several joined by commas); --init somewhere with --resume (a resumed run continues from its "
-                     "checkpoint; pass one of them)"], run.stderr
+                     "or several joined by commas); --verifier-name ' ' (the target's hub id, e.g. "
+                     "HuggingFaceTB/SmolLM2-135M-Instruct); --init somewhere with --resume (a resumed run continues "
+                     "from its checkpoint; pass one of them)"], run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
 
 

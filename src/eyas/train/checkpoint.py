@@ -34,7 +34,7 @@ STATE_FORMAT = "eyas-train-state"
 # `init` and `layer_convention`, how its layer ids are read, are used once, by the first run: a resumed run
 # starts from its checkpoint.)
 RESUME_MAY_CHANGE = ("data", "out", "resume", "init", "layer_convention", "progress", "save_every", "eval_every",
-                     "export_dtype", "keep_checkpoints", "device")
+                     "export_dtype", "keep_checkpoints", "device", "verifier_name")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,9 @@ class TrainConfig:
     target: str | None = _knob(None, "the target the data was captured from: its model folder, or the config.json "
                                      "inside it (default: the embedded default); never downloaded",
                                metavar="DIR_OR_CONFIG")
+    verifier_name: str | None = _knob(None, "the target's hub id, recorded as the exported draft's verifier (vLLM "
+                                            "serves it; default: the target as --target names it, which eyas check "
+                                            "calls not portable where it is a local folder)", metavar="ID")
     init: str | None = _knob(None, "start from this draft (a checkpoint folder eyas reads, or default: the draft eyas "
                                    "ships for the target) instead of random weights: "
                                    "its weights and vocab map are kept; data, optimiser and schedule are new. It must "
@@ -168,6 +171,8 @@ def check_config(c: TrainConfig, flags: bool = False) -> None:
         autocast_dtype(c), export_dtype(c)
     except EyasError:
         bad.append(f"{said.value('dtype')}, {said.value('export_dtype')} (each bf16 or fp32)")
+    if c.verifier_name is not None and not c.verifier_name.strip():
+        bad.append(f"{said.value('verifier_name')} (the target's hub id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct)")
     if c.init and c.resume:
         bad.append(f"{said.value('init')} with {said('resume')} (a resumed run continues from its checkpoint; "
                    "pass one of them)")

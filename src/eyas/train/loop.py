@@ -334,7 +334,7 @@ class _Run:
 
     def export(self) -> dict[str, Any]:
         """Rank 0: the final eval when none ran at the last step, the draft, the curves; the summary."""
-        contract, files = self.draft.drafter.contract, self.files
+        contract, files = self.draft.drafter.contract.verifier_named(self.config.verifier_name), self.files
         if self.data.heldout and self.last["eval"] is None:
             self.held_out_eval()
         dtype = export_dtype(self.config)
