@@ -136,7 +136,7 @@ def test_a_target_of_another_family_is_named_so_not_called_damaged():
 
     gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 32, "n_head": 4,
             "vocab_size": 64}
-    with pytest.raises(FormatError, match=r"no field 'num_\w+' \(model_type 'gpt2'\): eyas runs Llama-style"):
+    with pytest.raises(FormatError, match=r"no field 'num_\w+' but 'n_\w+' \(model_type 'gpt2'\): eyas runs Llama"):
         contract_for_target(gpt2)
 
 

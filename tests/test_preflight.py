@@ -447,8 +447,6 @@ def test_a_draft_passed_as_the_target_is_named(world, capsys, no_loading):
     (broken / "config.json").write_text(json.dumps(cfg))
     refused(capsys, ["init", world["root"] / "never", "--target", broken], "field 'hidden_size' is None")
     assert not (world["root"] / "never").exists()
-    refused(capsys, ["eval", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")
-    refused(capsys, ["doctor", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")
 
 
 def test_a_bench_prompt_file_that_is_not_there_names_benchs_sets(world, capsys, no_loading):

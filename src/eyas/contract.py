@@ -295,14 +295,21 @@ def check_capture_layers(c: DraftContract, num_target_layers: int) -> list[str]:
     return [f["problem"] for f in capture_layer_problems(c, num_target_layers)]
 
 
+# what other model families call the sizes Llama-style configs name (GPT-2, GPT-J, T5, MPT, ...)
+_OTHER_SPELLINGS = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "hidden_size": ("n_embd", "d_model"),
+                    "num_attention_heads": ("n_head", "n_heads", "num_heads")}
+
+
 def target_size(where: str, text: dict[str, Any], key: str) -> int:
     """A dimension read from a target's config (`text`: its language model's part; `where` names the
     file): a positive integer, or one line naming the field. A draft's config passed as the target,
     or a damaged one, fails here rather than in shape arithmetic."""
     value = text.get(key)
-    if value is None and text.get("model_type"):  # GPT-2 says n_layer: another family's config, not a damaged one
-        raise FormatError(f"{where}: no field {key!r} (model_type {text['model_type']!r}): eyas runs Llama-style "
-                          "decoders, whose configs name it", "use a Llama-style target (Llama, Qwen2/3, Mistral, ...)")
+    other = [k for k in _OTHER_SPELLINGS.get(key, ()) if k in text]
+    if value is None and other:  # GPT-2 says n_layer: another family's config, not a damaged one
+        raise FormatError(f"{where}: no field {key!r} but {other[0]!r} (model_type {text.get('model_type')!r}): eyas "
+                          "runs Llama-style decoders, whose configs name it", "use a Llama-style target (Llama, "
+                          "Qwen2/3, Mistral, ...)")
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise FormatError(f"{where}: field {key!r} is {value!r}, not a positive integer",
                           "pass the target's own config.json (restore it if it is damaged)")
