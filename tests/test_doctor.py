@@ -551,6 +551,29 @@ def test_fixes_name_the_exact_change(healthy, states, tmp_path):
     assert "fit config_speculators.json: delete config.json" in fixes["config_file"]
 
 
+def test_a_wrong_file_no_one_reads_and_a_theta_in_both_spellings_get_fixes_that_fix_them(healthy, states, tmp_path):
+    """Only config_eagle.json off by one: measured as that file's fault (it said it could not tell which file was
+    right). A wrong rope_theta stated twice (rope_theta and rope_parameters.rope_theta): the fix sets both (it left
+    rope_parameters wrong, which transformers 5 reads)."""
+    draft = shutil.copytree(healthy, tmp_path / "eagle_only_wrong")
+    cfg = json.loads((draft / "config_eagle.json").read_text())
+    _set_ids(cfg, "eagle", _layers_minus_one(draft))
+    (draft / "config_eagle.json").write_text(json.dumps(cfg, indent=2))
+    first = diagnose(draft, capture=states, progress=False)["findings"][0]
+    assert first["fault"] == "config_file" and first["source"] == "measured", first
+    assert first["title"] == "config_eagle.json (read by nobody by default) does not fit the weights; config.json does"
+
+    def wrong_theta(cfg, fmt):
+        layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
+        layer["rope_theta"], layer["rope_parameters"] = 10000.0, {"rope_type": "default", "rope_theta": 10000.0}
+
+    draft = shutil.copytree(healthy, tmp_path / "theta")
+    _edit_configs(draft, wrong_theta)
+    fix = diagnose(draft, capture=states, progress=False)["findings"][0]["fix"]
+    assert f"transformer_layer_config.rope_parameters.rope_theta = {THETA}" in fix, fix
+    assert f"in config_eagle.json set rope_theta = {THETA} and rope_parameters.rope_theta = {THETA}" in fix, fix
+
+
 def test_a_rope_scaling_the_draft_was_not_trained_with_is_named(healthy, states, tmp_path):
     """Hunyuan's NTK-alpha in the config of a draft trained on plain rope (AngelSlim's trainer ignores
     alpha): engines turn it at theta * 100^(16/14) = 1.9e3 instead of 10; the doctor names plain rope

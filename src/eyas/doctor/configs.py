@@ -77,7 +77,7 @@ def config_files(m: Measurer, files: dict[str, Wiring], reads: str, chosen: str,
              for name, w in files.items()}
     what = "; ".join(disagree) or "they state different wirings"
     tests = len(files) - 1
-    for name in dict.fromkeys([reads, chosen]):
+    for name in dict.fromkeys([reads, chosen, *files]):  # the files read first; then one no engine reads, wrong alone
         if files[name] == files[best]:
             continue
         test = paired_test(outs[name], outs[best])

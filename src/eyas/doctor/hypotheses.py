@@ -39,8 +39,11 @@ def config_edits(ckpt: Checkpoint, what: str, value: Any) -> str:
     for name, fmt in ckpt.files.items():
         if what == "layers":
             keys = {IDS: list(value)} | ({f"eagle_config.{IDS}": sglang_layer_ids(value)} if fmt == "eagle" else {})
-        elif what == "rope_theta":  # (rope_parameters.rope_theta too, where the file has one)
-            keys = {"transformer_layer_config.rope_theta" if fmt == "speculators" else "rope_theta": value}
+        elif what == "rope_theta":  # rope_parameters.rope_theta too, where the file has one (transformers 5 reads it)
+            at = "transformer_layer_config." if fmt == "speculators" else ""
+            layer = ckpt.configs[name].get("transformer_layer_config") or {} if at else ckpt.configs[name]
+            has = isinstance(layer.get("rope_parameters"), dict) and "rope_theta" in layer["rope_parameters"]
+            keys = {f"{at}rope_theta": value} | ({f"{at}rope_parameters.rope_theta": value} if has else {})
         elif what == "rope_scaling":  # plain rope: no scaling under either name transformers reads
             at = "transformer_layer_config." if fmt == "speculators" else ""
             keys = {f"{at}rope_scaling": None, f"{at}rope_parameters.rope_type": "default"}
