@@ -181,7 +181,8 @@ while True:
             if rec.get("kind") == "eval" and rec["step"] not in shown:
                 shown.add(rec["step"])
                 tau, acc = (float("nan") if v is None else v for v in (rec["tau"], rec["accept_depth1"]))  # null: NaN
-                print(f"held-out step {rec['step']:>6}: tau(5) {tau:.3f}  depth-1 {acc:.3f}", file=sys.stderr, flush=True)
+                print(f"held-out step {rec['step']:>6}: tau(5) {tau:.3f}  depth-1 {acc:.3f}", file=sys.stderr,
+                      flush=True)
     if done:
         break
     time.sleep(2)
