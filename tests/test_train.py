@@ -466,7 +466,8 @@ def test_a_heldout_set_the_cut_leaves_unmeasurable_is_refused_before_training(ta
     """--max-len 11 keeps the three samples whose answers start at token 11, one answer token each: the held-out
     one was refused by the first eval, after training, and the run erased with it."""
     out = tmp_path / "run"
-    with pytest.raises(EyasError, match=r"the 1 held-out samples, cut to --max-len 11, have no answer"):
+    with pytest.raises(EyasError, match=r"the 1 held-out samples, cut to --max-len 11, have no answer"), \
+            pytest.warns(UserWarning, match="13 of 16 samples left out"):
         train(config(captured, out, target_dir, max_len=11, eval_fraction=0.2, max_steps=1))
     assert not out.exists()
 
