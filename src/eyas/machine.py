@@ -170,7 +170,7 @@ def read_measured(kind: str, key: list) -> dict | None:
     if not isinstance(entry, dict):
         return None
     share, attempts = entry.get("others_cpu_share"), entry.get("attempts", 1)
-    kept = (entry.get("busy", False) in (True, False) and type(attempts) is int and attempts >= 1
+    kept = (type(entry.get("busy", False)) is bool and type(attempts) is int and attempts >= 1
             and (share is None or type(share) in (int, float) and 0 <= share <= 1))
     return entry if kept else None
 

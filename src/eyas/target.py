@@ -41,9 +41,9 @@ from eyas.target_ref import (
 
 # The names callers import from eyas.target: a target's identity, config and tensors live in
 # eyas.target_ref, the embedded default in eyas.embedded.
-__all__ = ["DEFAULT_SPECS", "EMBEDDED_DIR", "EMBEDDED_NAME", "Chat", "Target", "TargetOutput", "TargetRef", "cache_dir",
-           "check_fits", "embedded_default_dir", "load_target_embeddings", "resolve_target", "target_config",
-           "target_name", "target_tensors"]
+__all__ = ["DEFAULT_SPECS", "EMBEDDED_DIR", "EMBEDDED_NAME", "Chat", "Target", "TargetOutput", "TargetRef",
+           "cache_dir", "check_fits", "embedded_default_dir", "load_target_embeddings", "resolve_target",
+           "target_config", "target_name", "target_tensors"]
 
 # Config fields that make logits differ from lm_head(last_hidden); forward computes exactly that.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")

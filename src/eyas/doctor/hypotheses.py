@@ -41,7 +41,7 @@ def config_edits(ckpt: Checkpoint, what: str, value: Any) -> str:
             keys = {IDS: list(value)} | ({f"eagle_config.{IDS}": sglang_layer_ids(value)} if fmt == "eagle" else {})
         elif what == "rope_theta":  # rope_parameters.rope_theta too, where the file has one (transformers 5 reads it)
             at = "transformer_layer_config." if fmt == "speculators" else ""
-            layer = ckpt.configs[name].get("transformer_layer_config") or {} if at else ckpt.configs[name]
+            layer = (ckpt.configs[name].get("transformer_layer_config") or {}) if at else ckpt.configs[name]
             has = isinstance(layer.get("rope_parameters"), dict) and "rope_theta" in layer["rope_parameters"]
             keys = {f"{at}rope_theta": value} | ({f"{at}rope_parameters.rope_theta": value} if has else {})
         elif what == "rope_scaling":  # plain rope: no scaling under either name transformers reads

@@ -197,14 +197,15 @@ def _truncate_log(log: Path, step: int) -> None:
     keep = []
     for i, line in enumerate(lines, 1):
         try:
-            record_step = json.loads(line)["step"]
-            if type(record_step) is not int:
-                raise TypeError(f"step is {record_step!r}")
-        except (ValueError, KeyError, TypeError) as e:
-            if i == len(lines) and not isinstance(e, (KeyError, TypeError)):
-                break  # its step is past the checkpoint anyway
-            raise EyasError(f"{log}: line {i} is not a training log record ({type(e).__name__}: {e})",
-                            "restore the run's train_log.jsonl, or train into a new --out") from None
+            record = json.loads(line)
+        except ValueError as e:
+            if i == len(lines):
+                break  # cut short mid-append: its step is past the checkpoint anyway
+            record = f"not JSON ({e})"
+        record_step = record.get("step") if isinstance(record, dict) else None
+        if type(record_step) is not int:
+            raise EyasError(f"{log}: line {i} is not a training log record ({str(record)[:80]})",
+                            "restore the run's train_log.jsonl, or train into a new --out")
         if record_step <= step:
             keep.append(line)
     write_text(log, "".join(line + "\n" for line in keep))

@@ -45,9 +45,9 @@ def heldout_curve(log: Path, label: str | None = None, *, cpus: int | None = Non
             unit, procs = _processors(r, cpus, log)
             hours += r["tokens"] / r["tokens_per_s"] * procs / 3600
         elif r["kind"] == "eval":
-            nan = float("nan")  # the log's null: a held-out set that measured nothing at that depth
-            points.append((hours, nan if r["tau"] is None else r["tau"],
-                           nan if r["accept_depth1"] is None else r["accept_depth1"], r.get("tau_ci95")))
+            # the log's null is a NaN (a held-out set that measured nothing at that depth)
+            tau, acc = (float("nan") if r[k] is None else r[k] for k in ("tau", "accept_depth1"))
+            points.append((hours, tau, acc, r.get("tau_ci95")))
     if not points:
         raise EyasError(f"{log}: no held-out eval records", "train with --eval-fraction > 0")
     h, tau, acc, ci = (list(x) for x in zip(*points))

@@ -11,7 +11,6 @@ for SpecForge's `*.ckpt[.gz]`, then for the first `*.pt` (ModelOpt vs legacy spe
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import re
