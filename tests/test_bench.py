@@ -205,13 +205,14 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     assert sweep["cache"] == str(path)
     stored = json.loads(path.read_text())
     assert len(stored) == 1 and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    # target, drafter, its weights as written, dtype, machine, cpus, instruction sets, dispatched set, threads,
-    # torch, eyas's bf16 kernel
+    # target and its weights as written, drafter and its weights, dtype, machine, cpus, instruction sets,
+    # dispatched set, threads, torch, eyas's bf16 kernel
     key = json.loads(next(iter(stored)))
-    weights = (draft / "model.safetensors").stat()
-    assert key[:4] == [name, str(draft.resolve()), [["model.safetensors", weights.st_size, weights.st_mtime_ns]],
-                       "bf16"] and key[5] == os.cpu_count()
-    assert key[6:] == [cpu_flags(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
+    weights, target_weights = (draft / "model.safetensors").stat(), (target / "model.safetensors").stat()
+    assert key[:5] == [name, [["model.safetensors", target_weights.st_size, target_weights.st_mtime_ns]],
+                       str(draft.resolve()), [["model.safetensors", weights.st_size, weights.st_mtime_ns]],
+                       "bf16"] and key[6] == os.cpu_count()
+    assert key[7:] == [cpu_flags(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
                        torch.__version__, bf16_kernel.available()]
     assert sweep["beats_target"] == (sweep["best_tokens_per_s"] > sweep["target_tokens_per_s"])
     entry = read_best_shape(name, draft, "bf16")
@@ -229,10 +230,14 @@ def test_sweep_writes_and_reads_the_best_shape(saved, tmp_path, capsys):
     assert out["shape"] == used[0] and out["dtype"] == "bf16"  # transformers' spelling, the same entry
     out = run_generate(draft, "hello world", target=target, dtype="bf16", max_new_tokens=5, tree="2,2,2")
     assert out["shape"] == {"tree": [2, 2, 2]} and out["shape_source"] == "given"
-    # a broken cache is reported and ignored, then replaced by the next sweep
+    # a broken cache is reported and ignored, then replaced by the next save, kept beside (its other entries)
     path.write_text("{not json")
     with pytest.warns(UserWarning, match="ignoring the shape cache"):
         assert read_best_shape(name, draft, "bf16") is None
+    with pytest.warns(UserWarning, match=r"ignoring the shape cache .* \(kept as .*best_shape.json.unreadable; "):
+        save_best_shape(name, draft, "bf16", stored[json.dumps(key)])
+    assert read_best_shape(name, draft, "bf16") == stored[json.dumps(key)]
+    assert (path.parent / "best_shape.json.unreadable").read_text() == "{not json"
 
 
 def test_run_generate_streams_the_answer(saved):

@@ -3,6 +3,7 @@ made again at the next runs, the quietest kept; decisions cached from a quiet ma
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -173,17 +174,41 @@ def test_a_sweep_times_the_dtype_anew_and_the_run_uses_that_timing(monkeypatch):
     assert dtype_choice.resolve_dtype("auto", None) == (torch.float32, "auto: measured on this machine (cached)")
 
 
-def test_a_draft_trained_again_into_its_folder_is_measured_again(tmp_path):
-    """The shape cache was keyed by the draft's path alone: a retrained draft there kept the old one's verdict."""
+def _rewrite(weights: Path) -> None:
+    """The file's modification time moved, as weights written anew there have."""
     import os
 
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def test_a_model_written_anew_into_its_folder_is_measured_again(tmp_path):
+    """The shape cache was keyed by the draft's path alone, and both caches by the target's: a retrained draft,
+    or another model copied over the target, kept the old one's verdict."""
     from eyas.draft_shape import save_best_shape
 
-    draft = tmp_path / "draft"
-    draft.mkdir()
-    (draft / "model.safetensors").write_bytes(b"weights")
-    save_best_shape("tiny", draft, torch.float32, GOOD_SHAPE)
-    assert read_best_shape("tiny", draft, torch.float32) == GOOD_SHAPE
-    st = (draft / "model.safetensors").stat()
-    os.utime(draft / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert read_best_shape("tiny", draft, torch.float32) is None
+    draft, target = tmp_path / "draft", tmp_path / "target"
+    for folder in (draft, target):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"weights")
+    save_best_shape(str(target), draft, torch.float32, GOOD_SHAPE)
+    assert read_best_shape(str(target), draft, torch.float32) == GOOD_SHAPE
+    _rewrite(draft / "model.safetensors")
+    assert read_best_shape(str(target), draft, torch.float32) is None
+    save_best_shape(str(target), draft, torch.float32, GOOD_SHAPE)
+    _rewrite(target / "model.safetensors")
+    assert read_best_shape(str(target), draft, torch.float32) is None
+
+
+def test_the_dtype_timing_is_keyed_by_the_targets_weights(tmp_path):
+    from eyas.dtype_choice import _key
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    (target / "model.safetensors").write_bytes(b"weights")
+    before = _key(target)
+    assert _key(target) == before and before[1] == [["model.safetensors", 7, (target / "model.safetensors")
+                                                     .stat().st_mtime_ns]]
+    _rewrite(target / "model.safetensors")
+    assert _key(target) != before

@@ -650,6 +650,8 @@ def test_engine_dump_fault_is_named_first(slug, healthy, states, tmp_path):
     assert [c["layer"] for c in chunks] == layers and all(c["identified"] for c in chunks)
     assert all(c["shift"] == shift and (c["state"] == "final_norm") == normed for c in chunks)
     assert first["acceptance_before"] < first["acceptance_after"]
+    if slug == "capture_layers":  # the configs record the ids rightly: the fix restated them as an edit
+        assert "the configs need no edit" in first["fix"] and " set " not in first["fix"], first["fix"]
 
 
 def test_a_correct_engine_dump_is_ok(healthy, states, tmp_path):
@@ -790,8 +792,14 @@ def test_dump_reader_takes_vllm_files_and_refuses_others(tmp_path):
     with pytest.raises(FormatError, match="expected int64 \\[T\\] and float \\[T, W\\]"):
         read_dump(bad)
     save_file({"tokens": torch.arange(6)}, bad)
-    with pytest.raises(FormatError, match="no features, input_ids"):
+    with pytest.raises(FormatError, match=r"no features, input_ids \(it holds 1 tensor: tokens\)"):
         read_dump(bad)
+    save_file({f"model.layers.{i}.mlp.weight": torch.zeros(2) for i in range(40)}, bad)  # a model's weights
+    with pytest.raises(FormatError) as e:  # its header said so; it listed all 40 names on the error line
+        read_dump(bad)
+    assert str(e.value).endswith("(it holds 40 tensors: model.layers.0.mlp.weight, model.layers.1.mlp.weight, "
+                                 "model.layers.10.mlp.weight, model.layers.11.mlp.weight, model.layers.12.mlp.weight, "
+                                 "model.layers.13.mlp.weight and 34 more)")
     (tmp_path / "junk.safetensors").write_text("not safetensors")
     with pytest.raises(FormatError, match="not a readable safetensors file"):
         read_dump(tmp_path / "junk.safetensors")

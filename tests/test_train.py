@@ -59,7 +59,7 @@ from eyas.train import (
 )
 from eyas.train.checkpoint import append_log
 from eyas.train.config import add_arguments, autocast_dtype, export_dtype
-from eyas.train.dataset import load_training_data
+from eyas.train.dataset import by_prompt, load_training_data, split
 
 WORDS = "hello world how are you today tell me a story about the cat dog sun moon why is sky blue".split()
 SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
@@ -460,6 +460,33 @@ def test_the_log_records_the_rate_each_step_took(target_dir, captured, tmp_path)
     assert f"({summary['epochs_run']:g} of 1 epochs" in format_train(summary)
     logged = [(r["step"], r["lr"]) for r in read_log(tmp_path / "run" / "train_log.jsonl") if r["kind"] == "train"]
     assert logged == [(s, pytest.approx(1e-3 * lr_factor(s - 1, 2, 5))) for s in range(1, 6)]
+
+
+def test_every_answer_to_a_heldout_prompt_is_held_out(target_dir, captured, tmp_path):
+    """Two captures of the same prompts (greedy and sampled answers, or fp32 and bf16) were split sample by
+    sample: a held-out prompt's other answer trained, and held-out tau overstated the draft. Prompts are split
+    now; data captured once splits as it did (runs resume with their held-out set)."""
+    again = tmp_path / "again"
+    capture(Target.load(target_dir), prompts(), LAYERS, again, max_new_tokens=12, dtype="float32", progress=False)
+    data = load_training_data(config(f"{captured},{again}", tmp_path / "run", target_dir, eval_fraction=0.25))
+    n = len(set(prompts()))
+    assert data.data_id["samples"] == 2 * n and data.data_id["prompts"] == n
+    held = by_prompt(data.heldout)
+    assert len(held) == round(n * 0.25) and all(len(group) == 2 for group in held)  # both answers held out
+    assert len(data.train_set) + len(data.heldout) == 2 * n
+    assert "prompts" not in load_training_data(config(captured, tmp_path / "one", target_dir)).data_id
+    for size, fraction, seed in [(16, 0.25, 0), (100, 0.05, 3), (2, 0.5, 1)]:  # one answer each: as before
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(seed)).tolist()
+        k = max(1, round(size * fraction))
+        assert split([[i] for i in range(size)], fraction, seed) == (sorted(order[k:]), sorted(order[:k]))
+    out = tmp_path / "run"  # a run an earlier eyas split sample by sample is not resumed with another held-out set
+    train(config(f"{captured},{again}", out, target_dir, eval_fraction=0.25, max_steps=1, lr=1e-12))
+    path = next((out / "checkpoints").glob("step_*.pt"))
+    state = torch.load(path, weights_only=True)
+    del state["data"]["prompts"]
+    torch.save(state, path)
+    with pytest.raises(EyasError, match=rf"{path} was split sample by sample .* {n} of its samples answer a prompt"):
+        train(config(f"{captured},{again}", out, target_dir, eval_fraction=0.25, max_steps=1, lr=1e-12, resume=True))
 
 
 def test_a_heldout_set_the_cut_leaves_unmeasurable_is_refused_before_training(target_dir, captured, tmp_path):

@@ -91,6 +91,15 @@ def test_each_case_has_its_code(case, codes):
     assert [p["code"] for p in vocab_map_problems(tiny_contract(), vocab_map_cases()[case])] == codes
 
 
+def test_a_missing_half_of_the_map_is_rebuilt_from_the_other_as_the_fix_says():
+    """The fix for a missing d2t defined it by itself ("t2d[j] is true exactly for j in arange(Vd) + d2t")."""
+    valid = vocab_map_cases()["valid"]
+    [found] = vocab_map_problems(tiny_contract(), vocab_map_cases()["no d2t"])
+    t2d = valid["t2d"]
+    assert found["fix"] == "store d2t = t2d.nonzero().flatten() - arange(draft_vocab_size) (int64)"
+    assert torch.equal(t2d.nonzero().flatten() - torch.arange(int(t2d.sum())), valid["d2t"])
+
+
 def _stored(tmp_path, case: str):
     """tiny_contract() written as speculators, its vocab map then stored as `case` has it."""
     c = tiny_contract()

@@ -22,7 +22,7 @@ from eyas.decode.loop import tree_shape
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
 from eyas.machine import machine_key, read_measured, save_measured, settled
-from eyas.weights import weight_files
+from eyas.weights import written
 
 
 def parse_tree(tree: str | Sequence[int] | None, what: str = "tree") -> tuple[int, int, int] | None:
@@ -52,25 +52,13 @@ def decode_shape(shape: dict, ngram_tokens: int) -> dict:
 
 
 def shape_key(target_name: str, drafter: str | Path, dtype: str | torch.dtype) -> list:
-    """What a measured shape depends on: the models (the draft's weights as written: a draft trained again
-    into the same folder is measured again), the dtype, the machine (eyas.machine), torch (its kernels) and
-    whether bf16 products run on eyas's AVX2 kernel (eyas.decode.bf16_kernel)."""
-    folder = Path(drafter).resolve()
-    return [target_name, str(folder), _written(folder), short_name(dtype), *machine_key(), torch.__version__,
-            bf16_kernel.available()]
-
-
-def _written(folder: Path) -> list:
-    """[name, bytes, modification time in ns] of each weights file of a draft folder: the shipped draft's never
-    change, a retrained one's do."""
-    stamps = []
-    for name in weight_files(folder):
-        try:
-            st = (folder / name).stat()
-        except OSError:  # the load that follows says what is missing
-            continue
-        stamps.append([name, st.st_size, st.st_mtime_ns])
-    return stamps
+    """What a measured shape depends on: the models (the weights as written, eyas.weights.written: a draft
+    trained again into its folder, or another target at the same path, is measured again; the embedded
+    default, named by its hub id, is eyas's own), the dtype, the machine (eyas.machine), torch (its kernels)
+    and whether bf16 products run on eyas's AVX2 kernel (eyas.decode.bf16_kernel)."""
+    folder, target = Path(drafter).resolve(), Path(target_name)
+    return [target_name, written(target) if target.is_absolute() else [], str(folder), written(folder),
+            short_name(dtype), *machine_key(), torch.__version__, bf16_kernel.available()]
 
 
 # the most a cached shape may draft: past what any sweep times (eyas.bench.sweep), an entry was edited by hand

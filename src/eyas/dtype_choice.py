@@ -33,7 +33,8 @@ from eyas.devices import on_gpu
 from eyas.dtypes import is_auto, short_name, to_dtype
 from eyas.machine import (Contention, machine_key, quietest, read_measured, runs_on, save_measured, say_if_busy,
                           settled)
-from eyas.target import Target, target_name
+from eyas.target import Target, TargetRef
+from eyas.weights import written
 
 DECODE_DTYPES = (torch.bfloat16, torch.float32)  # what `eyas generate` and `eyas bench` decode in
 PROBE_SIZES = (1, 5, 17)  # new tokens per forward: plain decoding, a chain of 4, a tree of 16 (+ the root)
@@ -49,8 +50,10 @@ def per_token_ms(forward_ms: dict) -> float:
 
 
 def _key(target: str | Path | None) -> list:
-    """What the fastest dtype depends on: the target, the machine, torch, and eyas's bf16 kernel."""
-    return [target_name(target), *machine_key(), torch.__version__, bf16_kernel.available()]
+    """What the fastest dtype depends on: the target (its weights as written: another model at the same
+    path is timed again), the machine, torch, and eyas's bf16 kernel."""
+    ref = TargetRef.resolve(target, weights=False)
+    return [ref.name, written(ref.path), *machine_key(), torch.__version__, bf16_kernel.available()]
 
 
 def measure_dtypes(target: str | Path | None, *, sizes: tuple[int, ...] = PROBE_SIZES, repeats: int = 3) -> dict:
@@ -110,8 +113,8 @@ def _measured(target: str | Path | None, again: bool = False) -> tuple[dict, str
         usable = False
     if usable and settled(entry) and not again:
         return entry, "auto: measured on this machine (cached)"
-    print("eyas: timing the target's forward in bf16 and fp32 to pick the faster (once per machine, about "
-          "20 s)", file=sys.stderr)
+    print("eyas: timing the target's forward in bf16 and fp32 to pick the faster (once per machine and target: "
+          "it loads the target in each dtype)", file=sys.stderr)
     t0 = time.perf_counter()
     others = Contention()
     measured = measure_dtypes(target)

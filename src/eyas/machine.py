@@ -149,17 +149,25 @@ def measured_file(kind: str) -> Path:
     return cache_dir() / CACHE_FILES[kind]
 
 
-def _read_file(kind: str) -> dict:
-    """All entries of one kind; an unreadable file is reported and treated as empty (it is a cache)."""
+def _read_file(kind: str, *, saving: bool = False) -> dict:
+    """All entries of one kind; an unreadable file is reported and treated as empty (it is a cache). Before
+    a save replaces it (`saving`), it is kept beside as `<name>.unreadable`: an entry edited by hand into
+    broken JSON took every other entry with it, unsaid."""
     path = measured_file(kind)
     if not path.is_file():
         return {}
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        warnings.warn(f"ignoring the {kind} cache {path}: {e}", stacklevel=2)
+        if not isinstance(entries, dict):
+            raise ValueError(f"a JSON {type(entries).__name__}, not an object of entries")
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        kept = path.with_name(path.name + ".unreadable")
+        if saving:
+            path.replace(kept)
+        warnings.warn(f"ignoring the {kind} cache {path}: {e}" + (f" (kept as {kept}; replaced by a new one)"
+                                                                   if saving else ""), stacklevel=2)
         return {}
-    return entries if isinstance(entries, dict) else {}
+    return entries
 
 
 def read_measured(kind: str, key: list) -> dict | None:
@@ -183,7 +191,7 @@ def save_measured(kind: str, key: list, entry: dict) -> Path | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.parent / f".{path.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            entries = _read_file(kind)
+            entries = _read_file(kind, saving=True)
             entries[json.dumps(key)] = entry
             write_json(path, entries)
     except OSError as e:  # a cache: the run goes on with what it measured, and measures again next time

@@ -74,6 +74,20 @@ def weight_files(folder: Path) -> list[str]:
     return [found.name]
 
 
+def written(folder: Path) -> list[list]:
+    """[name, bytes, modification time in ns] of each weights file in `folder` (none for what is no folder):
+    what a measurement cached for a model is keyed by, so weights written anew there are measured again
+    (keyed by the path alone, a retrained draft or another model copied in kept the old verdict)."""
+    stamps = []
+    for name in weight_files(folder) if folder.is_dir() else []:
+        try:
+            st = (folder / name).stat()
+        except OSError:  # the load that follows says what is missing
+            continue
+        stamps.append([name, st.st_size, st.st_mtime_ns])
+    return stamps
+
+
 def model_files(folder: Path) -> list[str]:
     """What makes `folder` a model's or a draft's: its config.json and weight files (none: it is neither).
     Outputs that are folders (a capture, a training run) are not written among them."""

@@ -41,6 +41,27 @@ def check_dump_file(path: Path) -> None:
                           "an eyas capture is read whole, through its manifest.json")
 
 
+def _read_named(path: Path) -> dict[str, Tensor]:
+    """The dump's two tensors, eyas's names or vLLM's, read by name: a model's weights passed by mistake
+    is refused from its header, before gigabytes are read, naming a few of its tensors, not all."""
+    try:
+        with safe_open(path, "pt") as f:
+            names = set(f.keys())
+            vllm = "input_ids" not in names and {"token_ids", "hidden_states"} <= names
+            wanted = ("token_ids", "hidden_states") if vllm else ("input_ids", "features")
+            missing = sorted(k for k in wanted if k not in names)
+            if missing:
+                shown = sorted(names)[:6]
+                found = ", ".join(shown) + (f" and {len(names) - len(shown)} more" if len(names) > len(shown) else "")
+                raise FormatError(f"{path}: no {', '.join(missing)} (it holds {len(names)} tensor"
+                                  f"{'s' * (len(names) != 1)}{': ' + found if names else ''})", _HINT)
+            return {k: f.get_tensor(k) for k in wanted}
+    except FormatError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for missing or garbled files
+        raise FormatError(f"{path}: not a readable safetensors file ({e})", _HINT) from None
+
+
 def read_dump(path: str | Path, *, vocab_size: int | None = None, hidden_size: int | None = None,
               min_positions: int = MIN_POSITIONS) -> tuple[Tensor, Tensor]:
     """`input_ids` [T] and `features` [T, W] (fp32) from an engine dump (docs/engine-dumps.md).
@@ -56,19 +77,12 @@ def read_dump(path: str | Path, *, vocab_size: int | None = None, hidden_size: i
     """
     path = Path(path)
     check_dump_file(path)
-    try:
-        with safe_open(path, "pt") as f:
-            t = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for missing or garbled files
-        raise FormatError(f"{path}: not a readable safetensors file ({e})", _HINT) from None
-    if "input_ids" not in t and {"token_ids", "hidden_states"} <= set(t):
+    t = _read_named(path)
+    if "hidden_states" in t:
         states = t["hidden_states"]
         if states.ndim != 3:
             raise FormatError(f"{path}: hidden_states is {list(states.shape)}; expected [T, L, H]", _HINT)
         t = {"input_ids": t["token_ids"], "features": states.flatten(1)}  # [T, L, H] -> [T, L*H]
-    missing = sorted({"input_ids", "features"} - set(t))
-    if missing:
-        raise FormatError(f"{path}: no {', '.join(missing)} (found {sorted(t)})", _HINT)
     ids, feats = t["input_ids"], t["features"]
     if ids.ndim != 1 or ids.is_floating_point() or ids.dtype == torch.bool or feats.ndim != 2 \
             or not feats.is_floating_point() or feats.shape[0] != ids.shape[0] or feats.shape[1] == 0:

@@ -18,7 +18,7 @@ from eyas.contract import default_capture_layers
 from eyas.data.values import check_ids
 from eyas.doctor.capture import capture_tokens
 from eyas.doctor.findings import make_finding
-from eyas.doctor.hypotheses import block_fix, config_edits
+from eyas.doctor.hypotheses import block_fix, config_edits, config_records
 from eyas.doctor.measure import Measurer, SkipFcDrafter
 from eyas.doctor.stats import Outcome, beats, paired_test, rounded
 from eyas.doctor.wiring import Wiring, contract_wiring
@@ -99,17 +99,29 @@ def chunk_text(m: dict[str, Any]) -> str:
 
 
 def _layers_fix(got: list[int], want: tuple[int, ...], N: int, ckpt: Checkpoint) -> str:
+    ids = _ids_edit(ckpt, want)
     if got == [k + 1 for k in want]:
         return ("the engine added 1 to the draft's layer ids (SGLang before PR #25454 reads eagle_config ids as "
-                f"output-of-layer): {config_edits(ckpt, 'layers', want)}, or upgrade SGLang")
+                f"output-of-layer): {ids}, or upgrade SGLang" if ids else
+                "the engine added 1 to the layer ids the draft's configs record rightly (as SGLang before PR "
+                "#25454 did to eagle_config ids): upgrade the engine; the configs need no edit")
     if tuple(got) == default_capture_layers(N):
         return ("the engine did not read the draft's layer ids and fell back to (2, N//2, N-3) (vLLM 0.32 reads the "
                 "top-level ids, else the nested eagle_config ids; llama.cpp only the top-level ones): "
-                f"{config_edits(ckpt, 'layers', want)} (eyas convert DIR OUT --format both)")
+                + (f"{ids} (eyas convert DIR OUT --format both)" if ids else
+                   "the configs record them where those engines read them: check the engine's version and the "
+                   "folder it was given"))
     if got == [k - 1 for k in want]:
         return ("the engine captured one layer early (the output of layer k instead of its input, or ids read as "
                 f"capture indices where they meant output-of-layer): make it capture {list(want)}")
-    return f"make the engine capture layers {list(want)} (the draft's ids: {config_edits(ckpt, 'layers', want)})"
+    return f"make the engine capture layers {list(want)}" + (f" (the draft's ids: {ids})" if ids else
+                                                              " (the draft's configs record them rightly)")
+
+
+def _ids_edit(ckpt: Checkpoint, want: tuple[int, ...]) -> str:
+    """The config edit that records the draft's layer ids, or "" where every config records them already
+    (the engine, not the config, is at fault: the edit would restate them)."""
+    return "" if config_records(ckpt, "layers", want) else config_edits(ckpt, "layers", want)
 
 
 def _recapture(want: tuple[int, ...], why: str = "") -> str:
@@ -139,9 +151,10 @@ def _width_findings(W: int, H: int, want: tuple[int, ...], ckpt: Checkpoint, fin
                         "skipped and the EAGLE-3 draft ran as EAGLE-1",
                         "serve it as EAGLE-3: SGLang --speculative-algorithm EAGLE3, vLLM speculative_config "
                         "method \"eagle3\" (under EAGLE only the last hidden state is passed: sglang #21272)")]
+    ids = _ids_edit(ckpt, want)
     return [finding("capture_layers", f"the engine fed {W // H} states ({W} wide); the draft reads "
                     f"{len(want)} ({len(want) * H} wide)",
-                    f"make the engine capture layers {list(want)}: {config_edits(ckpt, 'layers', want)}")]
+                    f"make the engine capture layers {list(want)}" + (f": {ids}" if ids else ""))]
 
 
 def dump_findings(matches: list[dict[str, Any]], W: int, m: Measurer, before: Outcome | None,

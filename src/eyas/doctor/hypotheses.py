@@ -33,26 +33,40 @@ class Hypothesis:
     trained_for: str  # what the weights fit, in words
 
 
+def _edit_keys(ckpt: Checkpoint, name: str, fmt: str, what: str, value: Any) -> dict[str, Any]:
+    """The keys (dotted) of config file `name` that record `value` for `what`, and their values."""
+    if what == "layers":
+        return {IDS: list(value)} | ({f"eagle_config.{IDS}": sglang_layer_ids(value)} if fmt == "eagle" else {})
+    if what == "rope_theta":  # rope_parameters.rope_theta too, where the file has one (transformers 5 reads it)
+        at = "transformer_layer_config." if fmt == "speculators" else ""
+        layer = (ckpt.configs[name].get("transformer_layer_config") or {}) if at else ckpt.configs[name]
+        has = isinstance(layer.get("rope_parameters"), dict) and "rope_theta" in layer["rope_parameters"]
+        return {f"{at}rope_theta": value} | ({f"{at}rope_parameters.rope_theta": value} if has else {})
+    if what == "rope_scaling":  # plain rope: no scaling under either name transformers reads
+        at = "transformer_layer_config." if fmt == "speculators" else ""
+        return {f"{at}rope_scaling": None, f"{at}rope_parameters.rope_type": "default"}
+    return {what: value} | ({f"eagle_config.{what}": value} if fmt == "eagle" else {})  # a norm flag
+
+
 def config_edits(ckpt: Checkpoint, what: str, value: Any) -> str:
     """The config edit, per config file of the folder, that records `value` for `what`."""
-    edits = []
-    for name, fmt in ckpt.files.items():
-        if what == "layers":
-            keys = {IDS: list(value)} | ({f"eagle_config.{IDS}": sglang_layer_ids(value)} if fmt == "eagle" else {})
-        elif what == "rope_theta":  # rope_parameters.rope_theta too, where the file has one (transformers 5 reads it)
-            at = "transformer_layer_config." if fmt == "speculators" else ""
-            layer = (ckpt.configs[name].get("transformer_layer_config") or {}) if at else ckpt.configs[name]
-            has = isinstance(layer.get("rope_parameters"), dict) and "rope_theta" in layer["rope_parameters"]
-            keys = {f"{at}rope_theta": value} | ({f"{at}rope_parameters.rope_theta": value} if has else {})
-        elif what == "rope_scaling":  # plain rope: no scaling under either name transformers reads
-            at = "transformer_layer_config." if fmt == "speculators" else ""
-            keys = {f"{at}rope_scaling": None, f"{at}rope_parameters.rope_type": "default"}
-        else:  # a norm flag
-            keys = {what: value} | ({f"eagle_config.{what}": value} if fmt == "eagle" else {})
-        edits.append(f"in {name} set " + " and ".join(f"{k} = {json.dumps(v)}" for k, v in keys.items()))
+    edits = [f"in {name} set " + " and ".join(f"{k} = {json.dumps(v)}" for k, v in
+                                             _edit_keys(ckpt, name, fmt, what, value).items())
+             for name, fmt in ckpt.files.items()]
     if what == "layers" and value[0] == 1 and "eagle" in ckpt.files.values():
         edits.append("SGLang adds 1 to eagle_config ids that start at 1: it cannot capture these layers")
     return "; ".join(edits)
+
+
+def config_records(ckpt: Checkpoint, what: str, value: Any) -> bool:
+    """Whether every config file already records `value` for `what` (config_edits would change nothing)."""
+    def at(config: Any, key: str) -> Any:
+        for part in key.split("."):
+            config = config.get(part) if isinstance(config, dict) else None
+        return config
+
+    return all(at(ckpt.configs[name], k) == v for name, fmt in ckpt.files.items()
+               for k, v in _edit_keys(ckpt, name, fmt, what, value).items())
 
 
 def layers_hypothesis(base: Wiring, ckpt: Checkpoint, name: str, layers: tuple[int, ...]) -> Hypothesis:

@@ -237,7 +237,7 @@ def vocab_map_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> li
                     f"{name}_missing",
                     name,
                     f"{name} is missing" + (f" ({other} is present)" if other in tensors else ""),
-                    "store both: t2d[j] is true exactly for j in arange(draft_vocab_size) + d2t",
+                    _map_fix(name, other in tensors),
                 )
             )
         elif t is not None and tuple(t.shape) != (n,):
@@ -255,6 +255,16 @@ def vocab_map_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> li
     if t2d is not None and tuple(t2d.shape) == (V,):
         out += _t2d_problems(t2d.cpu(), Vd, targets)
     return out
+
+
+def _map_fix(missing: str, other_stored: bool) -> str:
+    """How to store the missing half of the vocab map from the half that is there (t2d marks the drafted
+    target ids; d2t[i] is the i-th of them, ascending, less i)."""
+    if missing == "d2t" and other_stored:
+        return "store d2t = t2d.nonzero().flatten() - arange(draft_vocab_size) (int64)"
+    if missing == "t2d" and other_stored:
+        return "store t2d: true exactly at arange(draft_vocab_size) + d2t (bool, vocab_size long)"
+    return "store both from the training run: t2d marks the drafted target ids, d2t[i] = target_id[i] - i"
 
 
 # the findings of a vocab map read whole (complete_vocab_map): what convert writes is not bit-identical to them

@@ -77,8 +77,8 @@ class TrainConfig:
                             metavar="N")
     eval_every: int | None = _knob(None, "held-out eval every N steps (default: at each checkpoint; 0: never "
                                          "during the run)", metavar="N")
-    eval_fraction: float = _knob(0.05, "share of samples held out for eval, chosen by the seed (0: none)",
-                                 metavar="F")
+    eval_fraction: float = _knob(0.05, "share of prompts held out for eval, chosen by the seed, with "
+                                 "every answer captured to them (0: none)", metavar="F")
     resume: bool = _knob(False, "continue the run in --out from its latest checkpoint (same settings and data)")
     dtype: str = _knob("bf16", "autocast dtype of the forward; master weights are always fp32",
                        choices=DTYPE_CHOICES)

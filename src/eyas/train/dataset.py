@@ -44,8 +44,11 @@ def load_training_data(config: TrainConfig, *, expect_capture_layers: list[int] 
     refuse_repeats(captures)
     capture_layers = same_capture_layers(captures)
     samples = [s for data in captures for s in load_samples(data, config.max_len)]
+    prompts = by_prompt(samples)
     data_id = {"fingerprint": ",".join(data.manifest["fingerprint"] for data in captures), "samples": len(samples)}
-    train_idx, heldout_idx = split(len(samples), config.eval_fraction, config.seed)
+    if len(prompts) < len(samples):  # absent otherwise: a run resumes with the data_id it saved (see _Run.load_data)
+        data_id["prompts"] = len(prompts)
+    train_idx, heldout_idx = split(prompts, config.eval_fraction, config.seed)
     heldout = [samples[i] for i in heldout_idx]
     if heldout and not any(bool(draft_starts(s["loss_mask"]).any()) for s in heldout):  # refused at the first eval
         raise EyasError(f"--eval-fraction {config.eval_fraction}: the {len(heldout)} held-out samples, cut to "
@@ -107,8 +110,22 @@ def load_samples(data: CapturedData, max_len: int) -> list[dict[str, Tensor]]:
     return samples
 
 
-def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train, held-out) sample indices, a seeded permutation; held-out is at least 1 when asked for."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    k = 0 if fraction == 0 else min(n - 1, max(1, round(n * fraction)))
-    return sorted(order[k:]), sorted(order[:k])
+def by_prompt(samples: list[dict[str, Tensor]]) -> list[list[int]]:
+    """Sample indices grouped by the prompt they answer (the tokens before the first answer token), in
+    order of first appearance. Two captures of the same prompts (greedy and sampled answers, fp32 and
+    bf16) hold each prompt twice: split sample by sample, a held-out prompt's other answer trained."""
+    groups: dict[bytes, list[int]] = {}
+    for i, s in enumerate(samples):
+        answer = s["loss_mask"].nonzero()
+        start = int(answer[0]) if len(answer) else len(s["loss_mask"])
+        groups.setdefault(s["input_ids"][:start].numpy().tobytes(), []).append(i)
+    return list(groups.values())
+
+
+def split(prompts: list[list[int]], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held-out) sample indices: a seeded permutation of the prompts, every sample of a prompt on
+    one side; at least one prompt held out when asked for. Prompts answered once each split as samples
+    did before prompts were grouped, so runs resume with the held-out set they started with."""
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
+    k = 0 if fraction == 0 else min(len(prompts) - 1, max(1, round(len(prompts) * fraction)))
+    return (sorted(i for p in order[k:] for i in prompts[p]), sorted(i for p in order[:k] for i in prompts[p]))

@@ -167,10 +167,15 @@ class _Run:
         self.tcfg = target_config(self.config.target)
         layers = self.state["contract"]["capture_layers"] if self.state else None
         self.data: TrainingData = load_training_data(self.config, expect_capture_layers=layers)
-        if self.state and self.state["data"] != self.data.data_id:
+        saved, now = (self.state["data"] if self.state else self.data.data_id), self.data.data_id
+        if saved == {k: v for k, v in now.items() if k != "prompts"} != now:
+            raise EyasError(f"{self.resumed_from} was split sample by sample by an earlier eyas, and "
+                            f"{now['samples'] - now['prompts']} of its samples answer a prompt another sample "
+                            "answers: its held-out set shares prompts with training (its held-out tau overstates "
+                            "the draft); eyas now holds out whole prompts", "train into a new --out")
+        if saved != now:
             raise EyasError(f"{self.config.data} is not the capture {self.resumed_from} was trained on "
-                            f"({self.state['data']} there, {self.data.data_id} now)",
-                            "resume with the same data, or train into a new --out")
+                            f"({saved} there, {now} now)", "resume with the same data, or train into a new --out")
         if len(self.data.train_set) < self.world_size:
             raise EyasError(f"{len(self.data.train_set)} training samples for {self.world_size} processes",
                             "capture more data or use fewer processes")
