@@ -475,6 +475,24 @@ def test_a_target_that_cannot_answer_chat_prompts_is_refused_before_it_loads(wor
     assert not (tmp_path / "c").exists()
 
 
+def test_a_target_of_another_family_is_named_not_sent_after_missing_layers(world, tmp_path, capsys, no_loading):
+    """A GPT-NeoX target (Llama's config field names, its layers under gpt_neox.layers) was "hold 52 tensors and no
+    decoder layer 3", hinting at an incomplete folder."""
+    import shutil
+
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    neox = tmp_path / "neox"
+    GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64)).save_pretrained(neox)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(world["target"] / f, neox / f)
+    capsys.readouterr()
+    for argv in (["generate", world["draft"], "--prompt", "hi"], ["eval", world["draft"], "--prompts", world["prompts"]]):
+        refused(capsys, [*argv, "--target", neox], "holds its decoder layers as gpt_neox.layers.3.* (model_type "
+                "'gpt_neox'), not model.layers.*: eyas runs Llama-style decoders")
+
+
 def test_a_garbled_tokenizer_is_one_line(world, tmp_path, capsys):
     import shutil
 
@@ -524,3 +542,8 @@ def test_a_prompt_too_long_for_the_target_is_refused_before_the_dtype_timing_and
     assert not (world["root"] / "never").exists()
     refused(capsys, ["eval", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")
     refused(capsys, ["doctor", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4], "long.txt line 2:")
+    hidden = json.loads((t / "config.json").read_text())["hidden_size"]  # an engine dump is measured on answers too
+    dump = world["root"] / "dump.safetensors"
+    save_file({"input_ids": torch.arange(8), "features": torch.randn(8, 3 * hidden)}, dump)
+    refused(capsys, ["doctor", d, "--target", t, "--features", dump, "--prompts", prompts, "--max-new-tokens", 4],
+            "long.txt line 2:")

@@ -246,10 +246,29 @@ class TargetRef:
             more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
             return f"{self.folder} lacks {absent[0]}{more}, named by its weight index"
         names = self.tensor_names()  # the language model's last layer (a vision tower's has other parents)
-        last = re.compile(rf"(^|model\.)layers\.{self.num_layers - 1}\.")
-        if not any(last.search(n) for n in names):
+        if not any(self._last_layer("model").search(n) for n in names):
             return f"the weights in {self.folder} hold {len(names)} tensors and no decoder layer {self.num_layers - 1}"
         return None
+
+    def foreign_decoder(self) -> str | None:
+        """Where the weights hold the decoder layers under another family's names (GPT-NeoX's
+        `gpt_neox.layers.N`, GPT-J's `transformer.h.N`) and none under Llama's `model.layers.N`: eyas
+        runs Llama-style decoders, and "no decoder layer N" would send the user after missing files."""
+        names = self.tensor_names() if find_weights(self.folder) is not None else set()
+        if any(self._last_layer("model").search(n) for n in names):
+            return None
+        other = sorted(n for n in names if self._last_layer("other").search(n))
+        if not other:
+            return None
+        parent = self._last_layer("other").search(other[0]).group(1)
+        return (f"{self.folder} holds its decoder layers as {parent}.{self.num_layers - 1}.* (model_type "
+                f"{self.text_config.get('model_type')!r}), not model.layers.*: eyas runs Llama-style decoders")
+
+    def _last_layer(self, family: str) -> re.Pattern:
+        """The last decoder layer's tensor names: Llama's (`model` family), or under any parent."""
+        last = self.num_layers - 1
+        return re.compile(rf"(^|model\.)layers\.{last}\." if family == "model" else
+                          rf"^((?:.*\.)?(?:layers|h|blocks|block))\.{last}\.")
 
 
 

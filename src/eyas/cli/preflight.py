@@ -186,6 +186,10 @@ def target(args: argparse.Namespace, *, weights: bool) -> None:
 
     path = target_of(args, weights=weights)
     ref = TargetRef.resolve(path, weights=False) if answers_prompts(args) and path is not None else None
+    foreign = ref.foreign_decoder() if ref is not None else None
+    if foreign:
+        raise EyasError(f"--target {args.target}: {foreign}", "use a Llama-style target (Llama, Qwen2/3, Mistral, "
+                        "Gemma, Phi-3, ...: decoder layers under model.layers, a final model.norm)")
     why = ref.missing_model() if ref is not None else None
     if why:
         cache = {"eval": "--data CACHE", "doctor": "--features CACHE"}.get(args.command)

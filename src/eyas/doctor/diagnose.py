@@ -263,8 +263,9 @@ def diagnose(
     t0 = time.perf_counter()
     path = Path(drafter)
     ref = TargetRef.resolve(capture.target.path if capture is not None else target, weights=False, device=device)
-    if capture is None and features is None and ref.missing_model() is None:  # it answers prompts: one too long
-        prompts_fit(ref, read_prompts(prompts or DEFAULT_PROMPTS, limit=limit), max_new_tokens)  # is said first
+    answers = features is None or not Path(features).is_dir()  # an engine dump is measured on answers to prompts
+    if capture is None and answers and ref.missing_model() is None:  # one too long is said first
+        prompts_fit(ref, read_prompts(prompts or DEFAULT_PROMPTS, limit=limit), max_new_tokens)
     tgt_dir = ref.path
     rep = check_checkpoint(path, target=tgt_dir, layer_convention=layer_convention)
     ckpt, tcfg = rep.checkpoint, ref.text_config
