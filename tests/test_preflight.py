@@ -488,7 +488,8 @@ def test_a_target_of_another_family_is_named_not_sent_after_missing_layers(world
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(world["target"] / f, neox / f)
     capsys.readouterr()
-    for argv in (["generate", world["draft"], "--prompt", "hi"], ["eval", world["draft"], "--prompts", world["prompts"]]):
+    for argv in (["generate", world["draft"], "--prompt", "hi"],
+                 ["eval", world["draft"], "--prompts", world["prompts"]]):
         refused(capsys, [*argv, "--target", neox], "holds its decoder layers as gpt_neox.layers.3.* (model_type "
                 "'gpt_neox'), not model.layers.*: eyas runs Llama-style decoders")
 
