@@ -93,6 +93,19 @@ def test_target_mismatches(tmp_path, target):
     assert set(_fields(rep)) == {"vocab_size", "target_hidden_size", "embed_tokens.weight"}
 
 
+def test_embeddings_no_target_can_lend_are_a_problem_without_a_target(tmp_path, target):
+    """target_hidden_size 96 != hidden_size 64 and no embed_tokens: the config alone says the target's embeddings
+    cannot serve the draft; check said ok without --target (and inspect "the target's are used"), and named it
+    only against a target. Said once with one."""
+    c = tiny_contract(target_hidden_size=96)
+    write_checkpoint(tmp_path / "ck", c, random_tensors(c), "speculators")
+    rep = check_checkpoint(tmp_path / "ck")
+    assert [p["code"] for p in rep.problems] == ["target_embeddings_unshareable"], rep.problems
+    assert "the target's embeddings are 96 wide" in rep.problems[0]["problem"]
+    with_target = check_checkpoint(tmp_path / "ck", target=target)
+    assert [p["code"] for p in with_target.problems].count("target_embeddings_unshareable") == 1
+
+
 def test_unreadable_weights_are_errors_missing_weights_are_problems(tmp_path, target):
     path = _ck(tmp_path, capture_layers=(2, 3, 5))
     (path / "model.safetensors").write_bytes(b"\x00" * 10)

@@ -142,7 +142,9 @@ def shared_lm_head(tmp_path):
     c = tiny_contract(draft_vocab_size=256)
     tensors = {k: v for k, v in random_tensors(c).items() if k != "lm_head.weight"}
     folder = _folder(tmp_path / "s", {"config.json": _eagle(c)}, tensors)
-    return _read(folder) | _mismatches(folder)
+    # and one with its own lm_head but no draft_vocab_size: SGLang serves the target's head instead
+    own = _folder(tmp_path / "o", {"config.json": _eagle(c, draft_vocab_size=None)}, random_tensors(c))
+    return _read(folder) | _mismatches(folder) | _mismatches(own)
 
 
 def parse_config_alone(tmp_path):
@@ -244,6 +246,7 @@ def contract_rules(tmp_path):
         vocab_size=300,
         draft_vocab_size=300,
         hidden_size=32,
+        target_hidden_size=32,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=256,
@@ -320,7 +323,7 @@ SCENARIOS = {  # scenario: the codes it must produce
     },
     parse_fc_skipped: {"fc_skipped"},
     parse_rope_kinds: {"rope_alpha", "consumer_rope"},
-    shared_lm_head: {"lm_head_shared", "consumer_lm_head_unloaded"},
+    shared_lm_head: {"lm_head_shared", "consumer_lm_head_unloaded", "consumer_lm_head_replaced"},
     parse_published_quirks: {
         "layer_type_unknown", "dtype_conflict", "tie_word_embeddings", "consumer_ties_lm_head", "draft_not_runnable",
         "embed_scale_ignored",

@@ -369,6 +369,20 @@ def test_speculators_missing_keys_are_warned(tmp_path):
     assert {"layer_type_absent", "norm_before_residual_absent"} <= {w["code"] for w in ck.warnings}
 
 
+def test_a_speculators_default_vocab_too_big_is_named_as_the_default_with_the_files_path(tmp_path):
+    """No draft_vocab_size and a target vocab under speculators' default 32000: the error quoted "draft_vocab_size
+    32000", a value the file does not hold, named the file without its folder, and said "must be <= vocab_size"."""
+    c = tiny_contract(draft_vocab_size=256, has_vocab_map=False)
+    cfg = speculators_config(c)
+    del cfg["draft_vocab_size"]
+    _save(tmp_path, {"config.json": cfg}, {k: v for k, v in random_tensors(c).items() if k not in ("d2t", "t2d")})
+    with pytest.raises(ContractError) as e:
+        read_checkpoint(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'config.json'}: no draft_vocab_size, and the default 32000 exceeds the "
+                            "target vocab 256")
+    assert e.value.hint == f"add draft_vocab_size (the rows of lm_head.weight) to {tmp_path / 'config.json'}"
+
+
 def test_an_unknown_model_type_is_a_warning_and_latent_attention_is_not_run(tmp_path):
     path, _ = _good(tmp_path)
     cfg = json.loads((path / "config.json").read_text())

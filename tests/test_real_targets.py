@@ -14,9 +14,9 @@ from safetensors.torch import save_file
 import eyas.weights as weights_mod
 from eyas.cli import main
 from eyas.data import capture
-from eyas.devices import parse_device
+from eyas.devices import on_gpu, parse_device
 from eyas.errors import EyasError
-from eyas.evaluate import target_greedy
+from eyas.evaluate import eval_dtype, target_greedy
 from eyas.target import Target
 from eyas.target_ref import TargetRef
 from test_data import CROSS, LAYERS, PROMPTS, save_tiny_target
@@ -205,6 +205,10 @@ def test_parse_device():
         parse_device("meta")
     with pytest.raises(EyasError, match="--device is empty"):  # not read as the default
         parse_device(" ")
+    # read the same way where a dtype is chosen for it: `--device CPU` crashed eval/generate/bench under
+    # --dtype auto in torch.device (eyas.devices.on_gpu)
+    assert not on_gpu("CPU") and not on_gpu(" cpu") and not on_gpu(None)
+    assert eval_dtype("auto", " CPU ") == eval_dtype("auto", "cpu")
 
 
 def test_a_target_too_large_for_memory_is_refused_before_loading(sharded, monkeypatch):
@@ -419,3 +423,65 @@ def test_bf16_dot_products_need_the_flags_and_torch_allowed_to_use_them(monkeypa
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "fma"])  # a real AVX2-only CPU
     assert not machine.bf16_dot_products() and machine.cpu_class() == "AVX2 only"
+
+
+def _head_only(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """A target folder holding its config and only the named tensors (what a cache's verdict reads)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+def test_a_head_of_other_shapes_than_the_config_says_is_refused(tmp_path):
+    """A norm of the wrong width failed in the product (a traceback); an lm_head of fewer rows judged over
+    fewer tokens, unsaid."""
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
+              "hidden_size": 8, "vocab_size": 12, "num_attention_heads": 2, "tie_word_embeddings": False}
+    good = {"model.norm.weight": torch.ones(8), "lm_head.weight": torch.randn(12, 8)}
+    assert TargetRef.resolve(_head_only(tmp_path / "ok", config, good)).head().lm_head.shape == (12, 8)
+    gemma = _head_only(tmp_path / "gemma", {**config, "text_config": {**config, "model_type": "gemma3_text"},
+                                            "model_type": "gemma3"}, good)
+    assert TargetRef.resolve(gemma).head().offset == 1.0 and TargetRef.resolve(tmp_path / "ok").head().offset == 0
+    for name, bad, said in (("model.norm.weight", torch.ones(4), r"model.norm.weight is \[4\], config.json says \[8\]"),
+                            ("lm_head.weight", torch.randn(10, 8), r"lm_head.weight is \[10, 8\], config.json says "
+                                                                   r"\[12, 8\]")):
+        folder = _head_only(tmp_path / name, config, {**good, name: bad})
+        with pytest.raises(EyasError, match=said):
+            TargetRef.resolve(folder).head()
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "qwen3_next", "llama", "qwen3"])
+def test_the_final_norm_is_applied_as_the_targets_family_does(family):
+    """Gemma's (and Qwen3-Next's) RMSNorm scales by 1 + weight: a speculators cache (stored before the norm) of a
+    Gemma target was judged with Llama's norm, and its verdict disagreed with the target's own at 1 position in 5."""
+    import importlib
+    import inspect
+
+    from eyas.target_ref import ZERO_CENTERED_NORM, TargetHead
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    [norm_class] = [c for n, c in vars(module).items() if n.endswith("RMSNorm") and inspect.isclass(c)]
+    theirs = norm_class(16, eps=1e-6)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    h = torch.randn(5, 16) * 3
+    offset = 1.0 if family in ZERO_CENTERED_NORM else 0.0
+    ours = TargetHead(torch.zeros(1, 16), theirs.weight.detach().clone(), 1e-6, offset).normalize(h)
+    torch.testing.assert_close(ours, theirs(h).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_sampled_acceptance_is_refused_where_the_target_transforms_its_logits(sharded, tmp_path, capsys):
+    """final_logit_softcapping in the config: --temperature measured against softmax(lm_head(h) / T), not the
+    target's distribution, unsaid; greedy verdicts (the argmax) stand."""
+    folder, shards, draft = sharded
+    capped = tmp_path / "capped"
+    shutil.copytree(folder, capped)
+    config = json.loads((capped / "config.json").read_text())
+    (capped / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": 30.0}))
+    argv = ["eval", str(draft), "--data", str(shards), "--target", str(capped), "--dtype", "fp32", "--no-progress"]
+    capsys.readouterr()
+    assert main([*argv, "--temperature", "0.7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --target {capped}: config.json sets final_logit_softcapping: its distribution")
+    assert main([*argv, "--depth", "2"]) == 0

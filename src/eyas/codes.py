@@ -136,6 +136,7 @@ CODES: dict[str, Code] = {
     "consumer_no_vocab_map": _warning("vocab_map", "an engine maps draft ids to target ids as the identity"),
     "consumer_builds_qwen3": _warning("config_file", "speculators builds a qwen3 layer: no model_type is named"),
     "consumer_lm_head_unloaded": _warning(None, "an engine builds the draft's lm_head and loads no weights into it"),
+    "consumer_lm_head_replaced": _warning(None, "an engine serves the target's lm_head over the draft's own"),
     "consumer_rope": _warning("rope", "an engine turns the draft's rope at another base than the contract's"),
     "consumer_ties_lm_head": _warning(None, "an engine uses the embedding table as lm_head (tie_word_embeddings)"),
     "consumer_cannot_load": _warning(None, "vLLM, or SGLang for an eagle config, refuses the draft"),

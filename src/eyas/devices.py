@@ -46,8 +46,14 @@ def parse_device(spec: str | torch.device | None) -> torch.device:
 
 
 def on_gpu(device: str | torch.device | None) -> bool:
-    """Whether `device` (None: cpu) is a GPU."""
-    return device is not None and torch.device(device).type == "cuda"
+    """Whether `device` (None: cpu) names a GPU, read as `parse_device` reads it (`--device CPU` is the cpu;
+    it crashed torch.device), whether or not this machine has one."""
+    if device is None or isinstance(device, torch.device):
+        return device is not None and device.type == "cuda"
+    try:
+        return torch.device(device.strip().lower()).type == "cuda"
+    except RuntimeError:  # not a device: parse_device says so where the flag is read
+        return False
 
 
 def free_bytes(device: torch.device) -> int:

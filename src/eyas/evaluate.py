@@ -36,7 +36,7 @@ from eyas.devices import on_gpu
 from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
 from eyas.machine import bf16_dot_products, runs_on
-from eyas.sampled import alpha_measure, answer_depths, require_last_hidden, sampled_difference, sampled_report
+from eyas.sampled import alpha_measure, answer_depths, require_sampleable, sampled_difference, sampled_report
 from eyas.shift import label_ids, shift_for_draft, shift_left
 from eyas.target import Target, TargetRef
 from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, judged
@@ -348,7 +348,7 @@ def evaluate(
         _check_layers(info, tuple(layers), config)
         _specforge_note(info, config)
         if temperature > 0:
-            require_last_hidden(info)
+            require_sampleable(info, ref)
         head = ref.head() if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         samples, longer = itertools.islice(cache, limit) if limit else cache, []

@@ -49,12 +49,19 @@ BLOCK = 128  # positions or chain starts per block: bounds the fp32 [rows, V] an
 VOCAB_CHUNK = 16384  # lm_head rows made fp32 at a time: no fp32 copy of a large target's lm_head is kept
 
 
-def require_last_hidden(info) -> None:
-    """Refuse a feature cache (its CacheInfo) that stores no last hidden state: p needs it."""
+def require_sampleable(info, ref=None) -> None:
+    """What --temperature needs of stored data (its CacheInfo): the target's last hidden state, for p; and of
+    the target (its TargetRef, where given), logits that are lm_head's: where its config transforms them
+    (softcapping, scaling) p is not softmax(lm_head(h) / T), though greedy verdicts keep their argmax."""
     if not info.last_hidden:
         raise EyasError(f"{info.path}: --temperature needs the target's last hidden state, which this "
                         f"{info.format} cache does not store", "capture the answers with eyas capture (it "
                         "stores it), or evaluate this cache without --temperature")
+    transforms = [] if ref is None else ref.logit_transforms()
+    if transforms:
+        raise EyasError(f"--target {ref.path}: config.json sets {', '.join(transforms)}: its distribution is not "
+                        "softmax(lm_head(h) / T), which --temperature measures the draft against",
+                        "evaluate without --temperature (greedy verdicts are unchanged by these)")
 
 
 def acceptance_probs(p: Tensor, q: Tensor, top_k: int) -> Tensor:

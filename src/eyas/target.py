@@ -45,10 +45,6 @@ __all__ = ["DEFAULT_SPECS", "EMBEDDED_DIR", "EMBEDDED_NAME", "Chat", "Target", "
            "cache_dir", "check_fits", "embedded_default_dir", "load_target_embeddings", "resolve_target",
            "target_config", "target_name", "target_tensors"]
 
-# Config fields that make logits differ from lm_head(last_hidden); forward computes exactly that.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-
-
 # --- the model ------------------------------------------------------------------------------
 
 
@@ -117,7 +113,7 @@ class Target:
         (accelerate's `device_map="auto"`); `cuda:N` keeps it on GPU N.
         """
         ref = TargetRef.resolve(spec, device=device, dtype=dtype)
-        transforms = [k for k in _LOGIT_TRANSFORMS if ref.text_config.get(k) not in (None, 1.0)]
+        transforms = ref.logit_transforms()
         if transforms:
             raise FormatError(
                 f"target {ref.path}: config.json sets {', '.join(transforms)}; eyas computes logits as "

@@ -43,23 +43,34 @@ HF_NAMES = {
 }
 
 
+# model types whose RMSNorm scales by (1 + weight), the weight stored zero-centred (Gemma's, Qwen3-Next's):
+# transformers' own classes, each probed in tests/test_real_targets.py; every other family scales by weight
+ZERO_CENTERED_NORM = frozenset({
+    "gemma", "gemma2", "gemma3", "gemma3_text", "vaultgemma", "recurrent_gemma", "t5gemma", "qwen3_next", "qwen3_5",
+    "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m3_vl", "minimax_m3_vl_text"})
+# config fields that change the logits after lm_head: eyas computes them as lm_head(final hidden)
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
 @dataclass(frozen=True)
 class TargetHead:
     """What turns the target's last hidden state into its verdict: the final RMSNorm and lm_head.
 
     Caches store the last state either after the final norm (SpecForge, ModelOpt, eyas) or before it
-    (speculators/vLLM); `normalize` applies the norm, in fp32, as Llama does (eyas.verdict), and
+    (speculators/vLLM); `normalize` applies the norm, in fp32, as the target's family does (`offset` 1
+    where it scales by 1 + weight: ZERO_CENTERED_NORM) (eyas.verdict), and
     `eyas.evaluate.target_greedy` takes the argmax of lm_head over the normed state.
     """
 
     lm_head: Tensor  # [V, H]
     norm: Tensor  # [H]
     eps: float
+    offset: float = 0.0
 
     def normalize(self, h: Tensor) -> Tensor:
         x = h.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.norm.float() * x
+        return (self.norm.float() + self.offset) * x
 
 
 @dataclass(frozen=True)
@@ -173,11 +184,29 @@ class TargetRef:
         return self.tensors(["embed_tokens.weight"], dtype=dtype, device=device)["embed_tokens.weight"]
 
     def head(self, dtype: torch.dtype | None = None) -> TargetHead:
-        """The final norm and lm_head on this ref's device, lm_head in `dtype` (default: the ref's)."""
+        """The final norm and lm_head on this ref's device, lm_head in `dtype` (default: the ref's); either of
+        another shape than config.json says is refused (a norm of the wrong width failed in the product, an
+        lm_head of fewer rows judged over fewer tokens, unsaid)."""
         lm_head = self.tensors(["lm_head.weight"], dtype=dtype or self.dtype, device=self.device)["lm_head.weight"]
         norm = self.tensors(["norm.weight"], device=self.device)["norm.weight"]
+        H, V = self.hidden_size, self.vocab_size
+        for name, t, want in (("norm.weight", norm, [H]), ("lm_head.weight", lm_head, [V, H])):
+            if list(t.shape) != want:
+                on_disk = HF_NAMES["embed_tokens.weight"] if name == "lm_head.weight" and self.tied_embeddings() \
+                    else HF_NAMES[name]
+                raise FormatError(f"{self.folder}: {on_disk} is {list(t.shape)}, config.json says {want} "
+                                  "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
         eps = float(self.text_config.get("rms_norm_eps") or 1e-6)
-        return TargetHead(lm_head, norm, eps)
+        return TargetHead(lm_head, norm, eps, 1.0 if self.model_types() & ZERO_CENTERED_NORM else 0.0)
+
+    def model_types(self) -> set[str]:
+        """The config's model_type and its language model's (a multimodal target's text_config)."""
+        return {t for t in (self.config.get("model_type"), self.text_config.get("model_type")) if isinstance(t, str)}
+
+    def logit_transforms(self) -> list[str]:
+        """The config fields that change the logits after lm_head (softcapping, scaling): eyas computes
+        logits as lm_head(final hidden), so where one is set only the argmax (greedy) is right."""
+        return [k for k in LOGIT_TRANSFORMS if self.text_config.get(k) not in (None, 1.0)]
 
     def norm_digest(self) -> str | None:
         """A fingerprint of these weights for a capture to record: the SHA-256 of the final norm rounded to

@@ -155,6 +155,13 @@ def sglang_view(reads: str, fmt: str, cfg: dict, c: DraftContract, naming: str |
             f"(load_lm_head_from_target only without draft_vocab_size; load_weights loads the names it is given) "
             f"{CLASS}", "remove draft_vocab_size from config.json: SGLang then loads the target's lm_head "
             "(eyas convert DIR OUT --format eagle writes it so)"))
+    if c.has_lm_head and cfg.get("draft_vocab_size") is None and cfg.get("tie_word_embeddings") is not True:
+        r["mismatches"].append(finding(
+            "consumer_lm_head_replaced", "draft_vocab_size",
+            f"no draft_vocab_size: the target's lm_head replaces the draft's own lm_head.weight "
+            f"(load_lm_head_from_target {CLASS}; set_embed_and_head {EMBED})",
+            f"write draft_vocab_size = {c.draft_vocab_size} in config.json: SGLang then serves the draft's lm_head "
+            "(eyas convert DIR OUT --format eagle writes it)"))
     r["embeddings"] = embeddings(c, replaces_own=True)
     r["notes"].append(f"embeddings: {r['embeddings']} {EMBED}")
     return r

@@ -243,13 +243,14 @@ def capture_folder(path: str | Path, flag: str, data_format: str | None = None) 
         check_capture(path)
 
 
-def sampled_cache(path: str | Path, data_format: str | None) -> None:
+def sampled_cache(path: str | Path, data_format: str | None, target_spec: str | None) -> None:
     """`eval --temperature` on stored data: refused here, before the draft and the target's head
-    load, where the cache stores no last hidden state."""
+    load, where the cache stores no last hidden state or the target's logits are not lm_head's."""
     from eyas.data.caches import open_cache
-    from eyas.sampled import require_last_hidden
+    from eyas.sampled import require_sampleable
+    from eyas.target_ref import TargetRef
 
-    require_last_hidden(open_cache(path, format=data_format).info)
+    require_sampleable(open_cache(path, format=data_format).info, TargetRef.resolve(target_spec, weights=False))
 
 
 def dump_file(path: str | Path, target: str | None) -> None:
@@ -381,7 +382,7 @@ def _eval(a: argparse.Namespace) -> None:
                          "cache's samples whole (the doctor cuts them)")
         capture_folder(a.data, "--data", getattr(a, "data_format", None))
         if a.temperature:
-            sampled_cache(a.data, getattr(a, "data_format", None))
+            sampled_cache(a.data, getattr(a, "data_format", None), a.target)
     else:
         _format_without_data(getattr(a, "data_format", None), "--data")
         prompts(a.prompts, limit=a.limit)

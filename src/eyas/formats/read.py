@@ -153,7 +153,7 @@ def read_checkpoint(
         warnings.append(_wrapped_names(path / wfiles[0], wrapped, len(tensors)))
     if aux_names:
         warnings.append(_aux_norm_names(path / wfiles[0]))
-    contract = _build_contract(p, tensors if loaded else None, facts, origin)
+    contract = _build_contract(p, tensors if loaded else None, facts, origin, path / used if path.is_dir() else path)
     if loaded and not contract.has_lm_head:
         warnings.append(_shared_lm_head(path / wfiles[0]))
     if loaded and p.foreign_layout:  # no tensor layout to check against: running it is refused instead
@@ -284,7 +284,8 @@ def _wrapped_names(weights: Path, wrapped: int, total: int) -> dict[str, str]:
     )
 
 
-def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[str, str]) -> DraftContract:
+def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[str, str],
+                    file: Path) -> DraftContract:
     """Config fields + what only the tensors say (embeddings, vocab map, fc width) + verifier facts.
 
     `tensors` None: not read; embeddings are then assumed absent and a reduced vocab assumed mapped.
@@ -324,5 +325,9 @@ def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[s
     )
     try:
         return DraftContract(**f, verifier=verifier)
-    except ContractError as e:
-        raise ContractError(f"{p.file}: {e}", e.hint) from None
+    except ContractError as e:  # named with the file's path, as the parsers' errors are (eyas.formats.read)
+        if str(e).startswith("draft_vocab_size") and "draft_vocab_size" in p.assumed:  # a default, not the file's
+            raise ContractError(f"{file}: no draft_vocab_size, and the {p.origin['draft_vocab_size'].split(' (')[0]} "
+                                f"exceeds the target vocab {f['vocab_size']}",
+                                f"add draft_vocab_size (the rows of lm_head.weight) to {file}") from None
+        raise ContractError(f"{file}: {e}", e.hint) from None
