@@ -350,7 +350,7 @@ def test_prompt_longer_than_the_context_is_named(saved, tmp_path):
     with pytest.raises(EyasError, match="p.jsonl line 2: the prompt is .* tokens"):
         run_bench(draft, prompts=prompt_file(tmp_path, [PROMPTS[0], long]), target=target, dtype="fp32",
                   max_new_tokens=8, progress=False)
-    with pytest.raises(EyasError, match="the prompt: the prompt is .* tokens"):
+    with pytest.raises(EyasError, match="the prompt: it is .* tokens"):
         run_generate(draft, long["prompt"], target=target, dtype="fp32", max_new_tokens=8)
 
 

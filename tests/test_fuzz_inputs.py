@@ -198,7 +198,16 @@ def test_dump_fuzzer_base_case_is_accepted(world, no_loading, capsys):
     case = world["root"] / "dump-ok.safetensors"
     case.write_bytes(save({"input_ids": ids, "features": feats}))
     with pytest.raises(Reached):
-        main(["doctor", str(world["eagle"]), "--features", str(case), "--target", str(world["target"])])
+        main(["doctor", str(world["eagle"]), "--features", str(case), "--target", str(world["target"]),
+              *_fitting_prompts(world)])
+
+
+def _fitting_prompts(world) -> list[str]:
+    """--prompts and --max-new-tokens that fit the tiny target's context: with a dump the doctor also answers
+    prompts, and MT-bench's do not fit in 64 tokens (refused up front, before the load the fuzzers reach)."""
+    path = world["root"] / "short-prompts.txt"
+    path.write_text("\n".join(PROMPTS) + "\n")
+    return ["--prompts", str(path), "--max-new-tokens", "8"]
 
 
 def _dump_base() -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +226,7 @@ def test_mutated_engine_dumps_are_refused_before_the_target_loads(world, no_load
     case.write_bytes(raw)
     before = hashlib.sha256(raw).hexdigest()
     _refused_or_reached(["doctor", str(world["eagle"]), "--features", str(case), "--target", str(world["target"]),
-                         "--no-progress"], capsys, case.name, must, ok=(0, 1))
+                         "--no-progress", *_fitting_prompts(world)], capsys, case.name, must, ok=(0, 1))
     _unchanged_and_nothing_written(case, before, folder / "out")
 
 

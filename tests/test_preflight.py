@@ -97,13 +97,16 @@ def bad_prompt_files(root: Path) -> dict[str, tuple[Path, str]]:
         "deep": (write(root / "deep.jsonl", deep), "nested too deeply"),
         "deep array": (write(root / "deep.json", b"[" + deep[:-1] + b"]"), "nested too deeply"),
         "empty record": (write(root / "empty.jsonl", b'{"prompt": "hi"}\n{}\n'), "line 2: no usable prompt"),
+        # MT-bench records said "no usable prompt (found ['turns'])", the hint naming `turns` as the way out
+        "turns": (write(root / "turns.jsonl", b'{"turns": ["hi"]}\n{"turns": [5]}\n'), "line 2: `turns[0]` is int"),
+        "no turns": (write(root / "noturns.jsonl", b'{"turns": []}\n'), "line 1: `turns` is empty"),
         "empty file": (write(root / "empty.txt", b"\n \n"), "no prompts found"),
         "missing": (root / "missing.txt", "does not exist"),
     }
 
 
 @pytest.mark.parametrize("kind", ["binary", "nul", "latin1", "utf32", "odd utf16", "deep", "deep array",
-                                  "empty record", "empty file", "missing"])
+                                  "empty record", "turns", "no turns", "empty file", "missing"])
 def test_bad_prompt_files_are_refused_before_any_model_loads(world, capsys, no_loading, kind):
     path, says = bad_prompt_files(world["root"])[kind]
     t, d = world["target"], world["draft"]
@@ -117,6 +120,16 @@ def test_bad_prompt_files_are_refused_before_any_model_loads(world, capsys, no_l
     ):
         refused(capsys, argv, path.name, says)
     assert not out.exists()
+
+
+def test_bench_keeps_the_hint_that_mends_a_prompt_files_content(world, capsys, no_loading):
+    """bench replaced every prompt-file hint with its list of sets: a file in Latin-1 lost "save prompts as UTF-8"."""
+    path, _ = bad_prompt_files(world["root"])["latin1"]
+    hints = []
+    for verb in ("eval", "bench"):
+        assert main([verb, str(world["draft"]), "--prompts", str(path), "--target", str(world["target"])]) == 2
+        hints.append(capsys.readouterr().err.splitlines()[-1])
+    assert hints[0] == hints[1] and hints[0].startswith("hint: save prompts as UTF-8 text")
 
 
 def test_text_in_utf8_with_bom_and_utf16_is_read(world, tmp_path):
@@ -164,6 +177,12 @@ def test_bad_dumps_are_refused_before_the_target_loads(world, tmp_path, capsys, 
     }
     for path, says in cases.items():
         refused(capsys, ["doctor", world["draft"], "--features", path, "--target", world["target"]], path.name, says)
+        if path.name != "empty.safetensors":  # eval --data reads them as the doctor does (it found them under its bar)
+            refused(capsys, ["eval", world["draft"], "--data", path, "--target", world["target"]], path.name, says)
+    weights = world["target"] / "model.safetensors"  # named by a few of its tensors, not all (an 11 KB line)
+    err = refused(capsys, ["eval", world["draft"], "--data", weights, "--target", world["target"]],
+                  "not an engine dump (input_ids, features): it holds")
+    assert err.splitlines()[0].endswith(" more") and len(err.splitlines()[0]) < 400
 
 
 @pytest.mark.parametrize(("argv", "says"), [
@@ -218,6 +237,17 @@ def test_bad_flags_are_refused_before_any_model_loads(world, capsys, no_loading,
         else []
     refused(capsys, [verb, *drafter, *rest, *prompts, "--target", str(world["target"])], says)
     assert not list(world["root"].glob("never-written*"))
+
+
+def test_a_hint_never_suggests_a_value_that_is_refused_in_turn():
+    """--tree 8192,4,24 was told "e.g. --tree 8192,4,16384", itself refused (past any context)."""
+    from eyas.decode.loop import tree_shape
+
+    for tree, suggested in (((3, 4, 2), "--tree 3,4,6"), ((8192, 4, 24), "--tree 5,4,16 ")):
+        with pytest.raises(EyasError) as e:
+            tree_shape(tree, "--tree")
+        assert suggested in e.value.hint
+        tree_shape([int(v) for v in suggested.split()[1].split(",")], "--tree")  # the suggestion holds
 
 
 def test_bad_data_and_outputs_are_refused_before_any_model_loads(world, tmp_path, capsys, no_loading):
@@ -534,7 +564,7 @@ def test_a_prompt_too_long_for_the_target_is_refused_before_the_dtype_timing_and
     after timing them, under --dtype auto)."""
     t, d, long = world["target"], world["draft"], " ".join(["hello world"] * 40)
     refused(capsys, ["generate", d, "--target", t, "--prompt", long, "--max-new-tokens", 4],
-            "the prompt:", "with the chat template", f"the context of {t}")
+            "the prompt: it is ", "with the chat template", f"the context of {t}")
     prompts = write(world["root"] / "long.txt", f"hi\n{long}\n".encode())
     refused(capsys, ["bench", d, "--target", t, "--prompts", prompts, "--max-new-tokens", 4],
             "long.txt line 2:", "with the chat template")

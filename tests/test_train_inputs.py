@@ -21,6 +21,7 @@ from eyas.formats import read_checkpoint
 from eyas.target import Target, target_config
 from eyas.train import plan_epoch, train
 from eyas.train.checkpoint import RunFiles, refuse_old_run, resumable
+from eyas.train.config import check_config
 from eyas.train.dataset import load_training_data
 from test_train import LAYERS, config, env, flags, log_records, prompts
 from test_train import target_dir  # noqa: F401 (module fixture: the tiny chat target)
@@ -221,10 +222,13 @@ def test_the_command_line_names_its_flags_not_the_fields(target_dir, captured, t
     assert run.returncode == 2, run.stderr
     error = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert error == ["error: invalid training settings: --max-steps 0 (must be >= 1); --data '' (a capture folder, "
-                     "or several joined by commas); --verifier-name ' ' (the target's hub id, e.g. "
+                     "or several joined by commas, none empty); --verifier-name ' ' (the target's hub id, e.g. "
                      "HuggingFaceTB/SmolLM2-135M-Instruct); --init somewhere with --resume (a resumed run continues "
                      "from its checkpoint; pass one of them)"], run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
+    for data in (f"{captured},", f",{captured}", f"{captured},,{captured}"):  # `--data A,$UNSET` trained on A alone
+        with pytest.raises(EyasError, match="none empty"):
+            check_config(config(data, tmp_path / "run", target_dir))
 
 
 def test_device_is_read_as_every_verb_reads_it(target_dir, captured, tmp_path):

@@ -74,6 +74,13 @@ def weight_files(folder: Path) -> list[str]:
     return [found.name]
 
 
+def tensor_list(names: Iterable[str], shown: int = 6) -> str:
+    """"N tensors: a, b, ... and M more": what a file holds, on one line (a model's weights name hundreds)."""
+    names = sorted(names)
+    head = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    return f"{len(names)} tensor{'s' * (len(names) != 1)}" + (f": {head}" if names else "")
+
+
 def written(folder: Path) -> list[list]:
     """[name, bytes, modification time in ns] of each weights file in `folder` (none for what is no folder):
     what a measurement cached for a model is keyed by, so weights written anew there are measured again

@@ -218,7 +218,9 @@ def bench_prompts(names: str | None) -> None:
         if name not in PROMPT_SETS:
             try:
                 prompts(name)
-            except FormatError as e:  # its hint lists capture's prompt sources, not bench's sets
+            except FormatError as e:  # not a file: its hint lists capture's prompt sources, not bench's sets (a
+                if Path(name).is_file():  # file's says how to mend its content: its encoding, its records)
+                    raise
                 raise FormatError(str(e), f"pass a .jsonl of {{prompt, category}}, or one of bench's sets: "
                                           f"{', '.join(PROMPT_SETS)}") from None
 
@@ -253,7 +255,7 @@ def sampled_cache(path: str | Path, data_format: str | None, target_spec: str | 
     require_sampleable(open_cache(path, format=data_format).info, TargetRef.resolve(target_spec, weights=False))
 
 
-def dump_file(path: str | Path, target: str | None) -> None:
+def dump_file(path: str | Path, target: str | None, flag: str = "--features") -> None:
     """An engine dump read in full: its shapes and numbers, and (with --target) its ids and width
     against that target's config (the embedded default's are checked once it is loaded)."""
     from eyas.data.dumps import read_dump
@@ -264,7 +266,18 @@ def dump_file(path: str | Path, target: str | None) -> None:
     if not is_default(target):
         ref = TargetRef.resolve(target, weights=False)
         vocab, hidden = ref.vocab_size, ref.hidden_size
-    read_dump(existing(path, "--features"), vocab_size=vocab, hidden_size=hidden)
+    read_dump(existing(path, flag), vocab_size=vocab, hidden_size=hidden)
+
+
+def data_file(path: str | Path, target: str | None, data_format: str | None) -> None:
+    """`eval --data FILE`: what the file is, from its name and header (a model's weights are refused naming a
+    few of its tensors), and an engine dump read in full, as the doctor's --features is: its NaN was found
+    after the draft loaded, under the progress bar."""
+    from eyas.data.caches import detect_format
+    from eyas.data.caches.native import DUMP
+
+    if (data_format or detect_format(path)) == DUMP:
+        dump_file(path, target, "--data")
 
 
 def features(args: argparse.Namespace) -> None:
@@ -381,6 +394,8 @@ def _eval(a: argparse.Namespace) -> None:
             warning_said(f"--max-new-tokens {a.max_new_tokens} does nothing with --data: eval measures the "
                          "cache's samples whole (the doctor cuts them)")
         capture_folder(a.data, "--data", getattr(a, "data_format", None))
+        if Path(a.data).is_file():
+            data_file(a.data, a.target, getattr(a, "data_format", None))
         if a.temperature:
             sampled_cache(a.data, getattr(a, "data_format", None), a.target)
     else:

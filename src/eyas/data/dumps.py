@@ -15,6 +15,7 @@ from torch import Tensor
 from eyas.data.shards import FORMAT as CAPTURE_FORMAT
 from eyas.data.values import check_tensors
 from eyas.errors import FormatError
+from eyas.weights import tensor_list
 
 MIN_POSITIONS = 4
 _HINT = "a dump is a safetensors file with input_ids [T] (int64) and features [T, W]: see docs/engine-dumps.md"
@@ -51,10 +52,7 @@ def _read_named(path: Path) -> dict[str, Tensor]:
             wanted = ("token_ids", "hidden_states") if vllm else ("input_ids", "features")
             missing = sorted(k for k in wanted if k not in names)
             if missing:
-                shown = sorted(names)[:6]
-                found = ", ".join(shown) + (f" and {len(names) - len(shown)} more" if len(names) > len(shown) else "")
-                raise FormatError(f"{path}: no {', '.join(missing)} (it holds {len(names)} tensor"
-                                  f"{'s' * (len(names) != 1)}{': ' + found if names else ''})", _HINT)
+                raise FormatError(f"{path}: no {', '.join(missing)} (it holds {tensor_list(names)})", _HINT)
             return {k: f.get_tensor(k) for k in wanted}
     except FormatError:
         raise

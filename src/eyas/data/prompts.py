@@ -223,8 +223,13 @@ def _no_prompt(record: Any) -> str:
         return f"the record is {type(record).__name__}, not an object"
     if "prompt" in record:
         return f"`prompt` is {_not_text(record['prompt'])}"
+    if "turns" in record:  # MT-bench's: the first turn is the prompt
+        turns = record["turns"]
+        if not isinstance(turns, list):
+            return f"`turns` is {type(turns).__name__}, not a list of turns"
+        return "`turns` is empty" if not turns else f"`turns[0]` is {_not_text(turns[0])}"
     key = _TURNS_KEYS[0] if _TURNS_KEYS[0] in record else _TURNS_KEYS[1]
-    if "turns" in record or key not in record:
+    if key not in record:
         return f"no usable prompt (found {sorted(record)})"
     turns = record[key]
     if not isinstance(turns, list):

@@ -62,7 +62,9 @@ def tree_shape(tree: Sequence[int], what: str = "tree") -> tuple[int, int, int]:
         levels = f"level {depth}" if depth == budget + 1 else f"levels {budget + 1}..{depth}"
         raise EyasError(f"{what} {depth},{top_k},{budget}: a budget of {budget} nodes keeps none past depth "
                         f"{budget}, so {levels} would be drafted for nothing",
-                        f"use a budget of at least the depth, e.g. {what} {depth},{top_k},{2 * depth}")
+                        f"use a budget of at least the depth, e.g. {what} "
+                        + (f"{depth},{top_k},{2 * depth}" if depth <= 32 else "5,4,16 (EAGLE-3 drafts a few tokens "
+                                                                              "deep)"))
     return shape
 
 

@@ -165,8 +165,8 @@ def check_config(c: TrainConfig, flags: bool = False) -> None:
     for name in ("save_every", "eval_every", "warmup"):
         if getattr(c, name) is not None and getattr(c, name) < 0:
             bad.append(f"{said.value(name)} (must be >= 0)")
-    if not data_folders(c):
-        bad.append(f"{said.value('data')} (a capture folder, or several joined by commas)")
+    if not data_folders(c) or "" in [f.strip() for f in c.data.split(",")]:  # `A,$UNSET` trained on A alone
+        bad.append(f"{said.value('data')} (a capture folder, or several joined by commas, none empty)")
     try:
         autocast_dtype(c), export_dtype(c)
     except EyasError:

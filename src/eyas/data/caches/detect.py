@@ -24,6 +24,7 @@ from eyas.data.caches.base import FeatureCache, safetensors_shapes
 from eyas.data.caches.pickles import load_record
 from eyas.data.shards import FORMAT as CAPTURE_FORMAT, MANIFEST
 from eyas.errors import FormatError
+from eyas.weights import tensor_list
 
 READERS: dict[str, Callable[..., FeatureCache]] = {
     native.SHARDS: native.ShardsCache,
@@ -61,8 +62,9 @@ def _detect_file(path: Path) -> str:
         keys = set(safetensors_shapes(path, formats_hint()))
         if {"input_ids", "features"} <= keys or {"token_ids", "hidden_states"} <= keys:
             return native.DUMP
-        raise FormatError(f"{path}: a safetensors file with {sorted(keys)}, not an engine dump (input_ids, features)",
-                          "point at the folder of an eyas capture or speculators cache, not one of its files")
+        raise FormatError(f"{path}: not an engine dump (input_ids, features): it holds {tensor_list(keys)}",
+                          "point at an engine dump (docs/engine-dumps.md) or the folder of a feature cache (eyas "
+                          "capture, SpecForge, speculators), not one of its files; a model's weights go to --target")
     if name.endswith(".pt"):
         return _detect_pt(path)
     raise FormatError(f"{path}: a file eyas does not read as a feature cache", formats_hint())
