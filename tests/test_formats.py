@@ -383,6 +383,21 @@ def test_a_speculators_default_vocab_too_big_is_named_as_the_default_with_the_fi
     assert e.value.hint == f"add draft_vocab_size (the rows of lm_head.weight) to {tmp_path / 'config.json'}"
 
 
+def test_a_model_type_copied_from_a_qwen3_target_is_read_as_the_layer_the_class_builds(tmp_path):
+    """LlamaForCausalLMEagle3 with model_type "qwen3" and Llama weights (what SGLang and vLLM build from the class)
+    was refused for the q_norm/k_norm a qwen3 layer has; eyas's own qwen3 eagle config (the same two fields, with
+    those tensors) stays qwen3."""
+    c = tiny_contract()
+    _save(tmp_path / "copied", {"config.json": {**eagle_config(c), "model_type": "qwen3"}}, random_tensors(c))
+    ck = read_checkpoint(tmp_path / "copied")
+    assert ck.contract.layer_type == "llama" and not ck.problems
+    assert "layer_type_unknown" in {w["code"] for w in ck.warnings}
+    assert ck.origin["layer_type"] == "config.json: architectures (its weights have no q_norm/k_norm)"
+    q = replace(c, layer_type="qwen3")
+    write_checkpoint(tmp_path / "own", q, random_tensors(q), "eagle")
+    assert read_checkpoint(tmp_path / "own").contract.layer_type == "qwen3"
+
+
 def test_an_unknown_model_type_is_a_warning_and_latent_attention_is_not_run(tmp_path):
     path, _ = _good(tmp_path)
     cfg = json.loads((path / "config.json").read_text())

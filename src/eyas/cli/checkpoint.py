@@ -103,9 +103,12 @@ def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]
     if v.get("model_type"):
         ver += f"; model_type {v['model_type']} (target_model_type)"
     norms = " ".join(f"{k}={_yes(c[k])}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
-    embeddings = "own embed_tokens" if c["has_embeddings"] else "none (the target's are used)" \
-        if c["target_hidden_size"] == c["hidden_size"] else f"none (the target's are {c['target_hidden_size']} wide: " \
-        "none can be used)"
+    if c["has_embeddings"]:
+        embeddings = "own embed_tokens"
+    elif c["target_hidden_size"] == c["hidden_size"]:
+        embeddings = "none (the target's are used)"
+    else:
+        embeddings = f"none (the target's are {c['target_hidden_size']} wide: none can be used)"
     if c.get("embed_scale") not in (None, 1):
         embeddings += f"; trained scaled by embed_scale {c['embed_scale']:g} (served unscaled)"
     lm_head = "own" if c["has_lm_head"] else "none (the target's is used)"

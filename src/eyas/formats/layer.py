@@ -13,6 +13,10 @@ trainers often copy from the target (SpecForge writes `phi3` or `qwen2` next to
 3. otherwise `model_type` when it is `llama` or `qwen3`; anything else is read as llama with a
    warning (the EAGLE-3 draft classes of every engine build Llama layers).
 
+One exception to 1: a dense class beside `model_type: "qwen3"` is how eyas writes a qwen3 layer in the
+flat schema, so the weights decide: q_norm/k_norm there make it qwen3, their absence the class's
+layer (a model_type copied from a Qwen3 target, as trainers copy phi3 or qwen2).
+
 A draft with a part eyas cannot run is still read (its contract, capture layers and what each
 engine does with it); only running it is refused (eyas.drafter_checks.check_runnable).
 """
@@ -45,6 +49,7 @@ class DraftLayer:
     assumed: bool = False
     unsupported: str | None = None  # the part eyas cannot run, named; None when it runs
     unknown_model_type: str | None = None  # a model_type read as another layer (a warning)
+    class_layer: str | None = None  # the layer architectures[0] builds, where model_type named another one
 
 
 def _dense_class(archs: tuple[str, ...]) -> str | None:
@@ -90,8 +95,8 @@ def draft_layer(cfg: dict[str, Any], archs: tuple[str, ...], file: str, where: s
             name = mt if isinstance(mt, str) else (archs[0] if archs else "unknown")
             via = f"architectures {list(archs)}" if archs else f"{where}model_type"
             return DraftLayer(name, f"{file}: {via} and the layer's fields", unsupported=" and ".join(parts))
-    if mt in LAYER_TYPES:
-        return DraftLayer(mt, f"{file}: {where}model_type")
+    if mt in LAYER_TYPES:  # eyas writes a qwen3 layer's eagle config so; the weights decide (eyas.formats.read)
+        return DraftLayer(mt, f"{file}: {where}model_type", class_layer=dense if dense not in (None, mt) else None)
     if dense is not None:
         return DraftLayer(dense, f"{file}: architectures {archs[0]}", unknown_model_type=mt)
     if mt is None:

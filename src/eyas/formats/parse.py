@@ -303,6 +303,7 @@ def _read_layer(p: Parsed, src: dict, archs: tuple[str, ...], where: str) -> Dra
         text(p.file, f"{where}model_type", src["model_type"])
     layer = draft_layer(src, archs, p.file, where)
     p.set("layer_type", layer.layer_type, layer.origin, assumed=layer.assumed)
+    p.class_layer = layer.class_layer
     if layer.unknown_model_type is not None:
         p.warn(
             "layer_type_unknown",

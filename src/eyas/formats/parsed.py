@@ -28,6 +28,7 @@ class Parsed:
     # those of them with tensors a dense Llama/Qwen3 layer has not (experts, latent attention, extra norms):
     # the weights are checked against eyas's layout unless one is named here (a rope or activation is no tensor)
     foreign_layout: list[str] = field(default_factory=list)
+    class_layer: str | None = None  # the layer the config's class builds, where model_type named another
 
     def read(self, src: dict, key: str, check: Check, *, where: str = "", default: Any = _REQUIRED) -> Any:
         """src[key] passed through `check` (eyas.formats.values), stored as contract field `key` with its origin."""

@@ -153,6 +153,8 @@ def read_checkpoint(
         warnings.append(_wrapped_names(path / wfiles[0], wrapped, len(tensors)))
     if aux_names:
         warnings.append(_aux_norm_names(path / wfiles[0]))
+    if loaded and p.class_layer is not None:
+        warnings += _layer_by_weights(p, tensors, origin)
     contract = _build_contract(p, tensors if loaded else None, facts, origin, path / used if path.is_dir() else path)
     if loaded and not contract.has_lm_head:
         warnings.append(_shared_lm_head(path / wfiles[0]))
@@ -282,6 +284,20 @@ def _wrapped_names(weights: Path, wrapped: int, total: int) -> dict[str, str]:
         f"eyas and SGLang read through it, vLLM prefixes them again and refuses to load the draft",
         "eyas convert DIR OUT writes the names without it",
     )
+
+
+def _layer_by_weights(p: Parsed, tensors: dict, origin: dict[str, str]) -> list[dict[str, str]]:
+    """A dense class beside model_type qwen3 (eyas.formats.layer): weights without q_norm/k_norm are the layer
+    the class builds, which every engine serves (the config was refused for tensors it never needed)."""
+    if any(".self_attn.q_norm." in n or ".self_attn.k_norm." in n for n in tensors):
+        return []
+    said = p.fields["layer_type"]
+    p.set("layer_type", p.class_layer, f"{p.file}: architectures (its weights have no q_norm/k_norm)")
+    origin["layer_type"] = p.origin["layer_type"]
+    return [finding("layer_type_unknown", "model_type",
+                    f"{p.file}: model_type {said!r} beside a class that builds a {p.class_layer} layer, and weights "
+                    f"without q_norm/k_norm: read as {p.class_layer}, as engines build it (trainers copy the "
+                    "target's model_type)", f"write model_type {p.class_layer!r}")]
 
 
 def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[str, str],
