@@ -555,6 +555,10 @@ def test_resuming_a_capture_under_other_settings_is_refused_before_the_target_lo
     for said in ('capture_layers: [1, 2, 4] there, [1, 2, 3] now', 'dtype: "float32" there, "bfloat16" now',
                  "generation.max_new_tokens: 4 there, 5 now"):
         assert said in line, line
+    other = write(world["root"] / "other-prompts.txt", b"why is the sky blue\nhello world\n")  # other prompts,
+    line = refused(capsys, ["capture", "--target", world["target"], "--prompts", other, "--out", a_capture,  # the same
+                            "--capture-layers", "1,2,4", "--max-new-tokens", "4", "--dtype", "fp32"],  # flags: said
+                   f"{a_capture}/manifest.json describes a different capture (prompts: ")  # once read, not loaded
     assert (a_capture / "manifest.json").read_bytes() == before
 
 

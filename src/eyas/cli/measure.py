@@ -25,6 +25,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.contract import default_capture_layers
     from eyas.data import capture, prompts_fit, read_prompts
+    from eyas.data.capturing import same_prompts
     from eyas.dtypes import to_dtype
     from eyas.target import Target
 
@@ -38,6 +39,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         warning_said(f"--limit {args.limit}: {args.prompts} has {len(prompts)} prompts{after}; capturing those")
     dtype = to_dtype(args.dtype)
     prompts_fit(target_spec, prompts, args.max_new_tokens, max_length=args.max_length, skip_long=args.skip_long)
+    same_prompts(args.out, prompts)  # resuming with other prompts: said before the weights load
     # loaded onto --device, not moved there after: refused when too large for it, spread over GPUs
     target = Target.load(target_spec, dtype=dtype, device=args.device)
     layers = capture_layers_of(args.capture_layers) or default_capture_layers(target.num_layers)

@@ -362,7 +362,8 @@ def _capture(a: argparse.Namespace) -> None:
 def resumed_capture(a: argparse.Namespace) -> None:
     """A capture into a folder holding one resumes it only under the same plan: what the flags and the
     target's config decide (target, layers, dtype, answer length) is compared here, before the target loads;
-    the rest (the prompts' digest, the chat template, the context, the weights' digest) once it has."""
+    the prompts' digest once they are read (eyas.data.capturing.same_prompts, still before), the rest (the chat
+    template, the context, the weights' digest) once it has."""
     from eyas.cli.inputs import capture_layers_of
     from eyas.contract import default_capture_layers
     from eyas.data.capturing import plan_head

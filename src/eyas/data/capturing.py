@@ -29,7 +29,9 @@ from eyas.data.shards import (
     MANIFEST,
     forget_capture,
     generation_settings,
+    read_manifest,
     record_shards,
+    same_plan,
     shard_entry,
     shard_name,
     shard_problem,
@@ -257,21 +259,29 @@ def _too_long_hint(room: int, *, several: bool) -> str:
     return ", ".join(["shorten or remove it", *lower]) + ", or drop such prompts (capture: --skip-long)"
 
 
+def prompts_plan(prompts: list[Prompt]) -> dict[str, Any]:
+    """The prompts' part of a capture's plan: their count, digest and sources."""
+    sources = sorted({p.source for p in prompts})
+    return {"count": len(prompts), "sha256": text_sha256("\0".join(p.key for p in prompts)),  # a first turn: its text
+            "sources": sources, "eval_only": DEFAULT_EVAL_PROMPTS in sources}
+
+
+def same_prompts(out_dir: str | Path, prompts: list[Prompt]) -> None:
+    """A capture resumed into `out_dir` with other prompts is refused from the prompts alone, before the target
+    loads (the whole plan is compared again once it has)."""
+    if (Path(out_dir) / MANIFEST).is_file():
+        same_plan(read_manifest(Path(out_dir)), {"prompts": prompts_plan(prompts)}, Path(out_dir) / MANIFEST)
+
+
 def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch.dtype, shard_size: int,
           max_new_tokens: int, max_length: int | None, skip_long: bool, sampling: dict[str, Any]) -> dict[str, Any]:
     """Everything that determines the shards' content; a resumed run must match it exactly."""
-    sources = sorted({p.source for p in prompts})
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         **plan_head(target, layers, dtype),
         "shard_size": shard_size,
-        "prompts": {
-            "count": len(prompts),
-            "sha256": text_sha256("\0".join(p.key for p in prompts)),  # the text alone for a first turn
-            "sources": sources,
-            "eval_only": DEFAULT_EVAL_PROMPTS in sources,
-        },
+        "prompts": prompts_plan(prompts),
         "generation": {"max_new_tokens": max_new_tokens, "max_length": max_length, "skip_long": skip_long,
                        "chat_template_sha256": text_sha256(json.dumps(target.tokenizer.chat_template, sort_keys=True)),
                        **sampling},
