@@ -22,13 +22,10 @@ _MEMINFO = Path("/proc/meminfo")
 
 def parse_device(spec: str | torch.device | None) -> torch.device:
     """`cpu`, `cuda`, `cuda:N` (None: cpu) as a torch.device that exists on this machine."""
-    if isinstance(spec, torch.device):
-        spec = str(spec)
-    if spec is not None and not spec.strip():
+    if isinstance(spec, str) and not spec.strip():
         raise EyasError("--device is empty", "use cpu, cuda or cuda:N (or leave the flag out: cpu)")
-    text = (spec or "cpu").strip().lower()
     try:
-        device = torch.device(text)
+        device = _as_torch(spec)
     except RuntimeError:
         raise EyasError(f"--device {spec!r} is not a device", "use cpu, cuda or cuda:N") from None
     if device.type == "cpu":
@@ -48,12 +45,16 @@ def parse_device(spec: str | torch.device | None) -> torch.device:
 def on_gpu(device: str | torch.device | None) -> bool:
     """Whether `device` (None: cpu) names a GPU, read as `parse_device` reads it (`--device CPU` is the cpu;
     it crashed torch.device), whether or not this machine has one."""
-    if device is None or isinstance(device, torch.device):
-        return device is not None and device.type == "cuda"
     try:
-        return torch.device(device.strip().lower()).type == "cuda"
+        return _as_torch(device).type == "cuda"
     except RuntimeError:  # not a device: parse_device says so where the flag is read
         return False
+
+
+def _as_torch(spec: str | torch.device | None) -> torch.device:
+    """`spec` as torch names it, in eyas's spelling rules (any case, spaces around; None: cpu); torch's
+    RuntimeError where it names no device."""
+    return spec if isinstance(spec, torch.device) else torch.device((spec or "cpu").strip().lower())
 
 
 def free_bytes(device: torch.device) -> int:

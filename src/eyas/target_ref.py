@@ -89,6 +89,9 @@ class TargetRef:
                                                 repr=False)
     # the final norm once read, held (H numbers): the digest reads it first and the head again after
     _norm: dict = field(default_factory=dict, compare=False, repr=False)
+    # the weights' tensor names once listed (every header of a sharded target, or its index): asked by the
+    # preflight's family and completeness checks and by the tie rule, read once
+    _names: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, spec: str | Path | TargetRef | None = None, *, weights: bool = True,
@@ -235,11 +238,13 @@ class TargetRef:
         said = self.text_config.get("tie_word_embeddings", self.config.get("tie_word_embeddings"))
         if isinstance(said, bool):
             return said
-        return HF_NAMES["lm_head.weight"] not in _tensor_names(self.folder)
+        return HF_NAMES["lm_head.weight"] not in self.tensor_names()
 
-    def tensor_names(self) -> set[str]:
-        """Every tensor name the target's weights hold (from the index or headers: no data read)."""
-        return _tensor_names(self.folder)
+    def tensor_names(self) -> frozenset[str]:
+        """Every tensor name the target's weights hold (from the index or headers: no data read; once)."""
+        if "names" not in self._names:
+            self._names["names"] = frozenset(_tensor_names(self.folder))
+        return self._names["names"]
 
     def weight_bytes(self, dtype: torch.dtype | None = None) -> int:
         """The weights' size once loaded in `dtype` (default: this ref's), from the files' headers."""
@@ -275,7 +280,7 @@ class TargetRef:
             more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
             return f"{self.folder} lacks {absent[0]}{more}, named by its weight index"
         names = self.tensor_names()  # the language model's last layer (a vision tower's has other parents)
-        if not any(self._last_layer("model").search(n) for n in names):
+        if not any(_llama_style(parent) for parent in self._last_layer_parents()):
             return f"the weights in {self.folder} hold {len(names)} tensors and no decoder layer {self.num_layers - 1}"
         return None
 
@@ -283,22 +288,23 @@ class TargetRef:
         """Where the weights hold the decoder layers under another family's names (GPT-NeoX's
         `gpt_neox.layers.N`, GPT-J's `transformer.h.N`) and none under Llama's `model.layers.N`: eyas
         runs Llama-style decoders, and "no decoder layer N" would send the user after missing files."""
-        names = self.tensor_names() if find_weights(self.folder) is not None else set()
-        if any(self._last_layer("model").search(n) for n in names):
+        parents = self._last_layer_parents() if find_weights(self.folder) is not None else set()
+        if not parents or any(_llama_style(parent) for parent in parents):
             return None
-        other = sorted(n for n in names if self._last_layer("other").search(n))
-        if not other:
-            return None
-        parent = self._last_layer("other").search(other[0]).group(1)
-        return (f"{self.folder} holds its decoder layers as {parent}.{self.num_layers - 1}.* (model_type "
+        return (f"{self.folder} holds its decoder layers as {min(parents)}.{self.num_layers - 1}.* (model_type "
                 f"{self.text_config.get('model_type')!r}), not model.layers.*: eyas runs Llama-style decoders")
 
-    def _last_layer(self, family: str) -> re.Pattern:
-        """The last decoder layer's tensor names: Llama's (`model` family), or under any parent."""
-        last = self.num_layers - 1
-        return re.compile(rf"(^|model\.)layers\.{last}\." if family == "model" else
-                          rf"^((?:.*\.)?(?:layers|h|blocks|block))\.{last}\.")
+    def _last_layer_parents(self) -> set[str]:
+        """The prefixes under which the weights hold the last decoder layer (`model.layers`, a multimodal
+        target's `model.language_model.layers`, GPT-NeoX's `gpt_neox.layers`, GPT-J's `transformer.h`)."""
+        last = re.compile(rf"^((?:.*\.)?(?:layers|h|blocks|block))\.{self.num_layers - 1}\.")
+        return {m.group(1) for n in self.tensor_names() if (m := last.match(n))}
 
+
+
+def _llama_style(parent: str) -> bool:
+    """Whether decoder layers under `parent` are a Llama-style language model's (a vision tower's are not)."""
+    return parent == "layers" or parent.endswith("model.layers")
 
 
 def _placed(t: Tensor, dtype: torch.dtype | None, device: torch.device | None) -> Tensor:

@@ -50,14 +50,13 @@ def _read_named(path: Path) -> dict[str, Tensor]:
             names = set(f.keys())
             vllm = "input_ids" not in names and {"token_ids", "hidden_states"} <= names
             wanted = ("token_ids", "hidden_states") if vllm else ("input_ids", "features")
-            missing = sorted(k for k in wanted if k not in names)
-            if missing:
-                raise FormatError(f"{path}: no {', '.join(missing)} (it holds {tensor_list(names)})", _HINT)
-            return {k: f.get_tensor(k) for k in wanted}
-    except FormatError:
-        raise
+            tensors = {k: f.get_tensor(k) for k in wanted if k in names}
     except Exception as e:  # safetensors raises its own error types for missing or garbled files
         raise FormatError(f"{path}: not a readable safetensors file ({e})", _HINT) from None
+    missing = sorted(set(wanted) - set(tensors))
+    if missing:
+        raise FormatError(f"{path}: no {', '.join(missing)} (it holds {tensor_list(names)})", _HINT)
+    return tensors
 
 
 def read_dump(path: str | Path, *, vocab_size: int | None = None, hidden_size: int | None = None,

@@ -168,7 +168,8 @@ class _Run:
         layers = self.state["contract"]["capture_layers"] if self.state else None
         self.data: TrainingData = load_training_data(self.config, expect_capture_layers=layers)
         saved, now = (self.state["data"] if self.state else self.data.data_id), self.data.data_id
-        if saved == {k: v for k, v in now.items() if k != "prompts"} != now:
+        split_by_sample = "prompts" in now and saved == {k: v for k, v in now.items() if k != "prompts"}
+        if split_by_sample:
             raise EyasError(f"{self.resumed_from} was split sample by sample by an earlier eyas, and "
                             f"{now['samples'] - now['prompts']} of its samples answer a prompt another sample "
                             "answers: its held-out set shares prompts with training (its held-out tau overstates "
