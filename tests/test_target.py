@@ -25,6 +25,7 @@ from eyas.errors import ContractError, EyasError, FormatError
 from eyas.target import (
     EMBEDDED_DIR,
     EMBEDDED_NAME,
+    Chat,
     Target,
     check_fits,
     embedded_default_dir,
@@ -178,6 +179,19 @@ def test_load_attributes(tiny_llama):
     assert tiny_llama.tokenizer is None  # the tiny folder ships no tokenizer
     assert not tiny_llama.model.training
     assert tiny_llama.name == str(tiny_llama.path.resolve())
+
+
+def test_the_tokenizer_is_read_once_while_its_files_stay(tmp_path):
+    """Chat.load (to refuse a long prompt before the weights) and Target.load share one read; a tokenizer
+    written anew in the folder is read anew."""
+    folder = save_tiny_target(tmp_path / "t")
+    chat, target = Chat.load(folder), Target.load(folder)
+    assert target.tokenizer is chat.tokenizer
+    assert Chat.load(folder).tokenizer is chat.tokenizer
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    again = Chat.load(folder).tokenizer
+    assert again is not chat.tokenizer and again.model_max_length == 77
 
 
 def test_bf16_load(tmp_path):

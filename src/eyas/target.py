@@ -38,6 +38,7 @@ from eyas.target_ref import (
     target_name,
     target_tensors,
 )
+from eyas.weights import weight_files
 
 # The names callers import from eyas.target: a target's identity, config and tensors live in
 # eyas.target_ref, the embedded default in eyas.embedded.
@@ -184,13 +185,34 @@ class Target:
         return TargetOutput(features, last, logits, out.past_key_values)
 
 
-def _tokenizer(ref: TargetRef) -> Any:
-    """The target's tokenizer (None where its folder ships none), refused in one line naming the folder
-    where transformers cannot read it (a garbled tokenizer.json)."""
-    from transformers import AutoTokenizer
+_TOKENIZERS: dict[tuple, Any] = {}  # (folder, its files' stamps) -> tokenizer: read once per process
 
+
+def _tokenizer(ref: TargetRef) -> Any:
+    """The target's tokenizer (None where its folder ships none), read once per process while the folder's
+    files stay as written: a verb that answers prompts reads it to refuse a long prompt before the weights
+    load, then with the model (0.4 s each for SmolLM2's)."""
     if not ref.has_tokenizer():
         return None
+    key = (str(ref.folder), _stamps(ref.folder))
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = _read_tokenizer(ref)
+    return _TOKENIZERS[key]
+
+
+def _stamps(folder: Path) -> tuple:
+    """(name, bytes, modification time) of each file in `folder` but its weights: what a tokenizer is built
+    from (its own files, the config and chat template transformers read beside them)."""
+    weights = set(weight_files(folder))
+    files = [f for f in folder.iterdir() if f.name not in weights and f.is_file()]
+    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+def _read_tokenizer(ref: TargetRef) -> Any:
+    """The tokenizer of `ref`'s folder, refused in one line naming the folder where transformers cannot read
+    it (a garbled tokenizer.json)."""
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, ArithmeticError, RuntimeError) as e:
