@@ -149,6 +149,21 @@ def test_gpu_recipe_refuses_a_gpu_that_is_not_there(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_no_recipe_writes_into_the_shipped_drafts_and_the_cpu_one_refuses_a_full_folder_first(tmp_path):
+    """The CPU reference once ended in `rm -rf src/eyas/drafts/...`: run again, it replaced the shipped (GPU)
+    draft with its own. Recipes write into the folder they are given, checked empty before any work."""
+    for recipe in (REPO / "recipes").glob("*.sh"):
+        code = [line for line in recipe.read_text().splitlines() if not line.lstrip().startswith("#")]
+        writes = ("rm ", "cp ", "mv ", "mkdir", "DST=", "--out", ">")  # reading it (a warm start's INIT) is fine
+        assert not [line for line in code if "src/eyas/drafts" in line and any(w in line for w in writes)], recipe
+    full = tmp_path / "draft"
+    full.mkdir()
+    (full / "config.json").write_text("{}")
+    r = bash(REPO / "recipes" / "smollm2-135m-instruct.sh", [str(full)], {"RUN": str(tmp_path / "run")})
+    assert r.returncode == 2 and f"{full} is not empty" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_gpu_recipe_on_the_embedded_default_and_sharegpt(tmp_path):
     dst, run = tmp_path / "draft", tmp_path / "run"
