@@ -454,6 +454,14 @@ def test_sampling_knobs_at_temperature_0_are_named_and_an_empty_verifier_name_re
     assert capsys.readouterr().err == ""
     preflight.sampling(build_parser().parse_args(["capture", "--out", "x"]))  # its --seed 0 is a default
     assert capsys.readouterr().err == ""
+    # through the verb: a refusal is one error line (the warning said before it is dropped); input that passes
+    # the checks gets the warning
+    argv = ["generate", world["draft"], "--prompt", "hi", "--top-k", "3", "--max-new-tokens", "8", "--dtype", "fp32",
+            "--target"]
+    refused(capsys, [*argv, world["root"] / "nowhere"], "nowhere")
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        main([str(a) for a in [*argv, world["target"]]])
+    assert capsys.readouterr().err.startswith("warning: --top-k 3 does nothing at --temperature 0")
     refused(capsys, ["convert", world["draft"], world["root"] / "out", "--format", "eagle", "--verifier-name", " "],
             "--verifier-name is empty")
 

@@ -25,13 +25,35 @@ def new_command() -> None:
     _said.clear()
 
 
+_held: list[str] | None = None  # warnings said inside `warnings_held`, printed when it ends well
+
+
 def warning_said(message: str) -> None:
     """Print eyas's warning as one `warning:` line on stderr, and keep it for the JSON object; said once
-    (a deprecated flag given twice is one line)."""
-    if message in _said:
+    (a deprecated flag given twice is one line). Inside `warnings_held`, printed when it ends."""
+    if message in _said or (_held is not None and message in _held):
+        return
+    if _held is not None:
+        _held.append(message)
         return
     _said.append(message)
     print(f"warning: {message}", file=sys.stderr)
+
+
+@contextmanager
+def warnings_held() -> Iterator[None]:
+    """The warnings said inside are printed when the block ends, and dropped where it raises: the checks of
+    a verb's input refuse it in one `error:` line, not after a warning about another flag (`--limit 2: the
+    file has 1 prompt`) that the refusal makes moot until the input is fixed."""
+    global _held
+    outer, _held = _held, []
+    try:
+        yield
+        held = _held
+    finally:
+        _held = outer
+    for message in held:
+        warning_said(message)
 
 
 def print_json(obj: dict[str, Any]) -> None:

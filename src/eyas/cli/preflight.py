@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eyas.cli.output import warning_said
+from eyas.cli.output import warning_said, warnings_held
 from eyas.cli.outputs import apart, capture_out, draft_folder, output_file, output_folder, plot_format
 from eyas.errors import EyasError, FormatError
 
@@ -486,7 +486,9 @@ VERBS: dict[str, Callable[[argparse.Namespace], None]] = {
 def check(args: argparse.Namespace) -> None:
     """The one call at the top of every `cmd_*`: refuse bad flags and inputs before any model loads."""
     verb = VERBS.get(args.command)
-    if verb is not None:
+    if verb is None:
+        return
+    with warnings_held():  # a refusal is one error line: the warnings said before it are dropped
         seed(args)
         drafter(args)
         verb(args)
