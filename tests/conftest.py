@@ -44,6 +44,7 @@ def fake_dtype_measurement(calls: list, faster: str):
     def measure(spec, **kw):
         calls.append(spec)
         return {"dtype": faster, "forward_ms": {faster: {"1": 5.0}, slower: {"1": 9.0}}, "sizes": [1],
+                "hf_forward_ms": {"bf16": {"1": 5.0, "11": 30.0}, "fp32": {"1": 6.0, "11": 20.0}},
                 "hf_dtypes": {"hf_greedy": "bf16", "hf_prompt_lookup": "fp32"}}
 
     return measure

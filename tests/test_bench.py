@@ -38,7 +38,7 @@ from eyas.generate import (
     format_generate,
     run_generate,
 )
-from eyas.machine import cpu_class, cpu_flags
+from eyas.machine import cpu_class, cpu_flags, measured_file
 from eyas.target import Target
 
 PROMPTS = [  # words of test_data's word-level vocabulary
@@ -413,6 +413,9 @@ def test_dtype_auto_is_measured_once_per_machine(saved, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another machine key: measured again
     resolve_dtype("auto", target)
     assert len(calls) == 2
+    path = measured_file("dtype")  # a choice edited by hand, the timings that made it left: measured again
+    path.write_text(json.dumps({k: {**e, "dtype": "bf16"} for k, e in json.loads(path.read_text()).items()}))
+    assert resolve_dtype("auto", target) == (torch.float32, "auto: measured on this machine") and len(calls) == 3
 
 
 def test_dtype_auto_keeps_the_cheapest_way_of_decoding_per_token():

@@ -66,10 +66,19 @@ def measure_dtypes(target: str | Path | None, *, sizes: tuple[int, ...] = PROBE_
         costs[short_name(dtype)] = target_forward_ms(model, sizes, repeats=repeats)
         hf[short_name(dtype)] = target_forward_ms(model, hf_sizes, repeats=repeats, lean=False)
         del model
-    fastest = min(costs, key=lambda d: per_token_ms(costs[d]))
-    return {"dtype": fastest, "forward_ms": costs, "sizes": list(sizes), "hf_forward_ms": hf,
-            "hf_dtypes": {m: min(hf, key=lambda d: sum(hf[d][n] for n in ns)) for m, ns in HF_SIZES.items()},
+    fastest, hf_fastest = _fastest(costs, hf)
+    return {"dtype": fastest, "forward_ms": costs, "sizes": list(sizes), "hf_forward_ms": hf, "hf_dtypes": hf_fastest,
             "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def _fastest(costs: dict, hf: dict) -> tuple[str, dict[str, str]]:
+    """The dtype eyas decodes cheapest in, and each Hugging Face baseline's, from their timings ({dtype: {new
+    tokens: ms}}, the sizes as ints or as the strings a cached entry holds)."""
+    def total(d: str, sizes: tuple[int, ...]) -> float:
+        return sum(ms for n, ms in hf[d].items() if int(n) in sizes)
+
+    return (min(costs, key=lambda d: per_token_ms(costs[d])),
+            {m: min(hf, key=lambda d: total(d, sizes)) for m, sizes in HF_SIZES.items()})
 
 
 def resolve_dtype(dtype: str | torch.dtype, target: str | Path | None,
@@ -107,9 +116,10 @@ def _measured(target: str | Path | None, again: bool = False) -> tuple[dict, str
         return _THIS_RUN[str(key)], "auto: measured on this machine"
     names = [short_name(d) for d in DECODE_DTYPES]
     entry = read_measured("dtype", key)
-    try:  # an entry from an older eyas (no Hugging Face timings) or edited by hand is measured again
-        usable = entry["dtype"] in names and all(entry["hf_dtypes"][m] in names for m in HF_SIZES)
-    except (TypeError, KeyError):
+    try:  # an entry from an older eyas (no Hugging Face timings), or whose choices its own timings do not make
+        usable = (entry["dtype"] in names and all(entry["hf_dtypes"][m] in names for m in HF_SIZES)  # (edited)
+                  and _fastest(entry["forward_ms"], entry["hf_forward_ms"]) == (entry["dtype"], entry["hf_dtypes"]))
+    except (TypeError, KeyError, ValueError, AttributeError):  # a field out of shape: measured again too
         usable = False
     if usable and settled(entry) and not again:
         return entry, "auto: measured on this machine (cached)"
