@@ -88,9 +88,19 @@ def available() -> bool:
 
 
 def usable(weight: Tensor) -> bool:
-    """Whether `weight` [out, in] can be multiplied by the kernel: bf16, on the CPU, `in` a multiple of 8."""
-    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
-            and weight.shape[1] % LANES == 0 and available())
+    """Whether `weight` [out, in] can be multiplied by the kernel: bf16, on the CPU, `in` a multiple of 8.
+    Asked where torch has no packed product for it, so a kernel switched off here is said (once)."""
+    fits = (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.shape[1] % LANES == 0)
+    if fits and os.environ.get("EYAS_BF16_KERNEL") == "0":
+        _said_off()
+    return fits and available()
+
+
+@cache
+def _said_off() -> None:
+    warnings.warn("EYAS_BF16_KERNEL=0: bf16 products run on torch's kernels, which are slow over several rows on "
+                  "CPUs without bf16 dot products", stacklevel=3)
 
 
 def matmul(x: Tensor, weight: Tensor) -> Tensor:
