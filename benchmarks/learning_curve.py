@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, metavar="PNG")
     p.add_argument("--label", help="comma-separated curve labels (default: each log's folder name)")
     p.add_argument("--cpus", type=flags.count, help="CPU cores (processes x threads) of the logs whose records do "
-                   "not say what they ran on (older logs; the shipped draft's: 2)")
+                   "not say what they ran on (older logs, such as the previous CPU-trained draft's: 2; the shipped "
+                   "draft's records say they ran on a GPU)")
     p.add_argument("--chain", action="store_true", help="each log continues the one before it on the time axis")
     p.add_argument("--title", default="held-out greedy chain")
     args = p.parse_args(argv)

@@ -50,6 +50,7 @@ from eyas.doctor.hypotheses import layer_moves
 from eyas.doctor.stats import MIN_GAIN_LOGPROB, detectable, held_back, loses_acceptance, signed_rank
 from eyas.errors import FormatError
 from eyas.formats import IDS, read_checkpoint, sglang_layer_ids
+from eyas.machine import runs_on
 from eyas.target import Target
 from eyas.train import TrainConfig, train
 
@@ -493,6 +494,7 @@ def test_answers_that_disagree_with_the_positions_are_doubled(healthy, target_di
 def test_healthy_draft_is_ok(healthy_report):
     rep = healthy_report
     assert rep["verdict"] == "ok" and rep["findings"] == [], format_report(rep)
+    assert f"s) on {runs_on(torch.device('cpu'))}" in format_report(rep)  # what its seconds ran on
     m = rep["measured"]
     assert m["contract"]["acceptance_depth1"] > 0.6 and m["positions"] > 500
     assert m["trained_for"] == m["contract"]

@@ -38,6 +38,7 @@ from eyas.drafter_loading import load_drafter
 from eyas.errors import ContractError, EyasError
 from eyas.evaluate import evaluate_samples
 from eyas.formats import read_checkpoint, write_checkpoint
+from eyas.machine import cpu_class, runs_on
 from eyas.shift import shift_for_draft
 from eyas.target import Target, target_config, target_tensors
 from eyas.train import (
@@ -677,7 +678,10 @@ def test_learning_curve_counts_processor_hours_of_the_training_steps(tmp_path):
 
 
 def test_train_records_say_what_they_ran_on(target_dir, captured, tmp_path):
-    train(config(captured, tmp_path / "run", target_dir, max_steps=2, eval_fraction=0.25, save_every=0))
+    summary = train(config(captured, tmp_path / "run", target_dir, max_steps=2, eval_fraction=0.25, save_every=0))
     assert {(r["device"], r["procs"], r["threads"]) for r in log_records(tmp_path / "run")} == {("cpu", 1, 1)}
+    on = {r.get("runs_on") for r in log_records(tmp_path / "run") if "tokens_per_s" in r}  # every speed names it
+    assert on == {summary["runs_on"]} == {runs_on(torch.device("cpu"))}
+    assert f"on 1 x CPU {cpu_class()}, 1 threads" in format_train(summary)
     curve = heldout_curve(tmp_path / "run" / "train_log.jsonl")
     assert curve.unit == "CPU" and len(curve.tau) == 1 and 0 < curve.hours[0] == curve.total_hours

@@ -188,7 +188,7 @@ def format_train(summary: dict[str, Any]) -> str:
         lines.append(f"held out: depth-1 acceptance {ev['accept_depth1']:.3f}, tau {ev['tau']:.3f}")
     if "draft" in summary:
         lines.append(f"draft {summary['draft']}; log {summary['log']}, curves {summary['curves']}")
-    lines.append(f"{summary['elapsed_s']:.0f} s")
+    lines.append(f"{summary['elapsed_s']:.0f} s on {summary['world_size']} x {summary['runs_on']}")
     return "\n".join(lines)
 
 

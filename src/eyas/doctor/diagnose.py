@@ -34,6 +34,7 @@ from eyas.doctor.stats import (ACCEPTANCE_ALPHA, ALPHA, ANSWERS_ALPHA, DEPTH, MI
                                MIN_GAIN_LOGPROB, MIN_USABLE, POWER, detectable, p_value, rounded)
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
+from eyas.machine import runs_on
 from eyas.target import Target
 from eyas.target_ref import TargetRef
 
@@ -315,4 +316,5 @@ def diagnose(
     report.update(findings=findings, verdict="faulty" if findings else "ok", trained_for=final.describe(),
                   hazards=hazards(cons, ckpt, final))
     report["seconds"]["total"] = round(time.perf_counter() - t0, 1)
+    report["runs_on"] = runs_on(ref.device)  # what the seconds were spent on
     return report

@@ -78,7 +78,7 @@ def format_report(report: dict[str, Any]) -> str:
     m = report["measured"]
     if m:
         lines.append(f"measured: {m['data']}, {m['positions']} positions, {report['seconds'].get('total')} s "
-                     f"(capture {report['seconds'].get('capture')} s)")
+                     f"(capture {report['seconds'].get('capture')} s) on {report['runs_on']}")
     for i, f in enumerate(report["findings"], 1):
         lines += ["", f"{i}. [{f['fault']}] {f['title']}{_acc(f)}", f"   evidence: {f['evidence']}",
                   f"   fix: {f['fix']}"]

@@ -39,6 +39,7 @@ from eyas.errors import EyasError
 from eyas.formats import write_checkpoint
 from eyas.formats.validate import not_finite
 from eyas.interrupt import on_signals
+from eyas.machine import runs_on
 from eyas.target import target_config
 from eyas.train.batches import pack_batch, plan_epoch, rank_share
 from eyas.train.checkpoint import (
@@ -155,7 +156,8 @@ class _Run:
         self.files = RunFiles.of(c.out)
         self.device = _device(c)
         # what each step's seconds ran on: learning curves count processor-hours (eyas.train.curve)
-        self.hardware = {"device": self.device.type, "procs": self.world_size, "threads": torch.get_num_threads()}
+        self.hardware = {"device": self.device.type, "procs": self.world_size, "threads": torch.get_num_threads(),
+                         "runs_on": runs_on(self.device)}  # the CPU's kind or the GPU's name, for every speed
         self.resumed_from = resumable(self.files) if c.resume else None
         if not c.resume:
             refuse_old_run(self.files)
@@ -359,5 +361,5 @@ class _Run:
             "loss": self.last["loss"], "acc_by_step": self.last["acc_by_step"],
             "draft": str(draft), "checkpoint": str(latest_checkpoint(files.checkpoints)), "log": str(files.log),
             "curves": str(files.curves), "eval": self.last["eval"],
-            "elapsed_s": round(time.perf_counter() - self.t_start, 2),
+            "elapsed_s": round(time.perf_counter() - self.t_start, 2), "runs_on": self.hardware["runs_on"],
         }
