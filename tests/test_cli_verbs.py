@@ -182,6 +182,13 @@ def test_generate_and_bench_with_a_config_path_and_vllm_dtype_names(target, draf
                    "--max-new-tokens", "3", "--draft-tokens", "2", "--tree", "2,2,4", "--dtype", "float32",
                    "--no-progress")
     assert rep["dtype"] == "fp32" and rep["num_prompts"] == 1 and "hf_greedy" in rep["methods"]
+    rep = run_json(capsys, "bench", draft, "--target", target, "--prompts", prompts, "--limit", "99",
+                   "--max-new-tokens", "2", "--draft-tokens", "2", "--tree", "2,2,4", "--dtype", "float32",
+                   "--no-progress")  # fewer prompts than asked: said, as capture says it
+    assert rep["stderr_warnings"] == [f"--limit 99: {prompts} has {rep['num_prompts']} prompts; measuring those"]
+    rep = run_json(capsys, "eval", draft, "--target", target, "--prompts", prompts, "--limit", "99",
+                   "--max-new-tokens", "2", "--dtype", "float32", "--no-progress")
+    assert rep["stderr_warnings"] == [f"--limit 99: {prompts} has {len(PROMPTS)} prompts; measuring those"]
 
 
 @pytest.mark.usefixtures("private_cache")

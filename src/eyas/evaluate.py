@@ -29,7 +29,7 @@ from tqdm import tqdm
 from eyas.acceptance import difference, figures, sample_counts, stacked, top_ids
 from eyas.atomic import write_figure
 from eyas.contract import default_capture_layers
-from eyas.data import MANIFEST, capture, prompts_fit, read_prompts
+from eyas.data import MANIFEST, capture, prompts_fit, read_prompts, short_of_limit
 from eyas.data.shards import check_target
 from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
 from eyas.devices import on_gpu
@@ -326,7 +326,8 @@ def evaluate(
     dtype = eval_dtype(dtype, device)
     ref = TargetRef.resolve(target, needed_by="eyas eval", device=device, dtype=dtype)
     if data is None:  # a prompt too long for the target: from its tokenizer, before any weights load
-        prompts_fit(ref, asked := read_prompts(prompts or "mtbench", limit=limit), max_new_tokens)
+        asked = short_of_limit(read_prompts(prompts or "mtbench", limit=limit), limit, prompts or "mtbench")
+        prompts_fit(ref, asked, max_new_tokens)
     drafter, config, layers = _drafter_and_layers(drafter_path, ref, layer_convention, dtype)
     other = None
     if against is not None:

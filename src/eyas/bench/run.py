@@ -21,7 +21,7 @@ from eyas.bench.timing import (
     time_interleaved,
     with_speedups,
 )
-from eyas.data import eos_ids, prompts_fit
+from eyas.data import eos_ids, prompts_fit, short_of_limit
 from eyas.decode import DEFAULT_DRAFT_TOKENS
 from eyas.draft_shape import needs_sweep, parse_tree, read_best_shape
 from eyas.devices import on_gpu
@@ -75,7 +75,7 @@ def run_bench(
     tree = parse_tree(tree)
     if draft_tokens is not None and draft_tokens < 1:
         raise EyasError(f"draft_tokens={draft_tokens}: a chain needs at least 1 draft token", "e.g. --draft-tokens 4")
-    items = bench_prompts(prompts, limit=limit)  # a bad prompt file fails before any model loads
+    items = short_of_limit(bench_prompts(prompts, limit=limit), limit, prompts)  # a bad file: refused before a load
     prompts_fit(target, [it.prompt for it in items], max_new_tokens)  # and one too long, before the dtype timing
     dtype, dtype_source = resolve_dtype(dtype, target, device, again=sweep)  # a sweep times the dtypes anew
     # each Hugging Face baseline in its own fastest dtype here (on a GPU: the one eyas decodes in)

@@ -34,6 +34,7 @@ from eyas.data.prompts import (
     json_records,
     packaged_file,
     read_prompts,
+    short_of_limit,
 )
 from eyas.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, CapturedData, open_shards
 from eyas.data.sources import EvalIndex, eval_index  # importing it registers its prompt sources
@@ -59,4 +60,5 @@ __all__ = [
     "pad_id",
     "prompts_fit",
     "read_prompts",
+    "short_of_limit",
 ]

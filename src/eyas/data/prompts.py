@@ -15,6 +15,7 @@ import importlib.resources
 import itertools
 import json
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,14 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
             f"{path or source}: no prompts found",
             "one prompt per line (text), or JSON records with `conversations` / `prompt`",
         )
+    return prompts
+
+
+def short_of_limit(prompts: list, limit: int | None, source: str | Path) -> list:
+    """`prompts`, read under `--limit limit` (None: all), with a warning where there are fewer than asked:
+    figures measured on 5 prompts, asked for 10, are not passed off as the 10's."""
+    if limit is not None and len(prompts) < limit:
+        warnings.warn(f"--limit {limit}: {source} has {len(prompts)} prompts; measuring those", stacklevel=2)
     return prompts
 
 
