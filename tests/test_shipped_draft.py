@@ -41,6 +41,14 @@ def test_shipped_draft_is_what_the_issue_asks(shipped, capsys):
     assert main(["check", str(shipped), "--target", "default"]) == 0, capsys.readouterr().out
 
 
+def test_convert_reads_default_as_the_shipped_draft(shipped, tmp_path, capsys):
+    """SRC 'default' is the shipped draft, as DRAFTER is on the verbs that take one."""
+    assert main(["convert", "default", str(tmp_path / "copy"), "--format", "eagle"]) == 0, capsys.readouterr().err
+    copy, ckpt = read_checkpoint(tmp_path / "copy"), read_checkpoint(shipped)
+    assert copy.tensors.keys() == ckpt.tensors.keys()
+    assert all(torch.equal(copy.tensors[k], t) for k, t in ckpt.tensors.items())
+
+
 def test_shipped_draft_beats_chance_standalone(capsys):
     assert main(["eval", "--prompts", "mtbench", "--limit", "3", "--max-new-tokens", "48", "--json",
                  "--depth", "5"]) == 0

@@ -232,6 +232,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    if args.src == "default":  # the shipped draft, as every DRAFTER reads it
+        from eyas.drafter_loading import resolve_drafter
+
+        args.src = str(resolve_drafter(args.src, args.target))
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.check import consumer_warnings, consumers
     from eyas.check.rules import target_problems

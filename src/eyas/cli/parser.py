@@ -196,8 +196,9 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_reading(p, progress=False)
 
     p = command("convert", cmd_convert, "rewrite a draft as speculators, eagle or both formats (lossless)")
-    p.add_argument("src", help="the draft folder to read")
-    p.add_argument("dst", help="the folder to write (must be empty or new, unless --force)")
+    p.add_argument("src", metavar="SRC", help="the draft folder to read ('default': the draft eyas ships for the "
+                   "target)")
+    p.add_argument("dst", metavar="DST", help="the folder to write (must be empty or new, unless --force)")
     required = p.add_mutually_exclusive_group(required=True)  # --format, or its old name --to
     add_deprecated_alias(required, "--to", add_format(required))
     named = p.add_mutually_exclusive_group()
