@@ -39,7 +39,8 @@ from eyas.decode import (
 )
 from eyas.drafter import DraftCache, Drafter
 from eyas.errors import ContractError, EyasError
-from eyas.target import Target
+from eyas.target import Chat, Target
+from eyas.target_ref import decode_context, longrope_length
 
 GREEDY_TARGET = dict(  # the shapes of conftest's tiny draft contract: hidden 64, vocab 256, 6 layers
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
@@ -244,6 +245,43 @@ def test_greedy_matches_target_qwen3(tmp_path):
         drafter.arm(int(prompt[0, 0]), greedy_oracle(ref), hit=0.7, seed=i)
         out, _ = generate(target, drafter, prompt, max_new_tokens=new, tree=(4, 3, 10))
         assert out.tolist() == ref.tolist(), f"prompt {i}"
+
+
+def test_a_longrope_target_is_decoded_within_its_original_length(tmp_path):
+    """transformers rotates a longrope target (Phi-3) with its long factors once a forward's positions pass the
+    original length: a verify reaching past it rotated a round otherwise than one-token steps would, and the
+    answer depended on the draft. eyas decodes it within that length, where every forward agrees with
+    transformers' generate, and refuses a longer answer in one line."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+            "long_factor": [float(4 + i) for i in range(8)], "original_max_position_embeddings": 32}
+    target = build_target(tmp_path, 7, **{**GREEDY_TARGET, "max_position_embeddings": 128}, rope_parameters=rope)
+    assert target.context == Chat.load(tmp_path).context == 32
+    drafter = cheat_drafter(target, tiny_contract(draft_vocab_size=256))
+    for i in range(3):
+        prompt = torch.randint(0, 256, (1, 20 + i), generator=torch.Generator().manual_seed(i))
+        new = 32 - prompt.shape[1]
+        ref = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                    max_new_tokens=new, pad_token_id=0)
+        drafter.arm(int(prompt[0, 0]), greedy_oracle(ref), hit=0.7, seed=i)
+        for shape in ({"draft_tokens": 6}, {"tree": (6, 3, 12)}):
+            out, _ = generate(target, drafter, prompt, max_new_tokens=new, **shape)
+            assert out.tolist() == ref.tolist(), (i, shape)
+        with pytest.raises(EyasError, match=r"context is 32 \(longrope: its original length\)"):
+            generate(target, drafter, prompt, max_new_tokens=new + 1, draft_tokens=6)
+    # as config.json files write it: Phi-3's rope_scaling `type` and a top-level original length
+    phi3 = {"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}}
+    assert longrope_length(phi3) == decode_context(phi3) == 4096
+    assert decode_context({"max_position_embeddings": 512, "rope_scaling": {"rope_type": "llama3"}}) == 512
+
+
+def test_a_tree_wider_than_its_budget_drafts_the_budget_s_width():
+    """A node's children past the budget's count are never kept (its better siblings fill the budget
+    first), so top_k is capped at the budget: --tree 3,49151,16 drafted 49151 x 49151 candidates a level and
+    ran out of memory for the 16 nodes it verifies."""
+    drafter = object.__new__(Drafter)
+    assert loop._draft_plan(drafter, None, (3, 49151, 16)) == (3, (3, 16, 16))
+    assert loop._draft_plan(drafter, None, (5, 4, 16)) == (5, (5, 4, 16))
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.target_ref import (
     TargetRef,
+    decode_context,
     load_target_embeddings,
     resolve_target,
     target_config,
@@ -69,9 +70,8 @@ class Chat:
 
     @classmethod
     def load(cls, spec: str | Path | TargetRef | None = None) -> Chat:
-        ref = TargetRef.resolve(spec, weights=False)
-        context = ref.text_config.get("max_position_embeddings")  # unset: the model's class default, said later
-        return cls(_tokenizer(ref), ref.name, context if isinstance(context, int) else None)
+        ref = TargetRef.resolve(spec, weights=False)  # no context: the model's class default, said later
+        return cls(_tokenizer(ref), ref.name, decode_context(ref.text_config))
 
 
 class Target:
@@ -95,8 +95,9 @@ class Target:
 
     @property
     def context(self) -> int | None:
-        """The longest sequence it takes (max_position_embeddings, as transformers' config reads it)."""
-        return getattr(self.config, "max_position_embeddings", None)
+        """The longest sequence eyas decodes it in: max_position_embeddings, as transformers' config reads it
+        (longrope targets: their original length, eyas.target_ref.longrope_length says why)."""
+        return decode_context(self.config.to_dict(), getattr(self.config, "max_position_embeddings", None))
 
     @property
     def device(self) -> torch.device:

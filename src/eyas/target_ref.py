@@ -19,9 +19,10 @@ import hashlib
 import json
 import re
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -300,6 +301,28 @@ class TargetRef:
         last = re.compile(rf"^((?:.*\.)?(?:layers|h|blocks|block))\.{self.num_layers - 1}\.")
         return {m.group(1) for n in self.tensor_names() if (m := last.match(n))}
 
+
+
+def longrope_length(text: Mapping[str, Any]) -> int | None:
+    """For a longrope target (Phi-3 and its kin), its original_max_position_embeddings: the length eyas decodes
+    it within. transformers rotates with the short factors while a forward's positions stay within that length
+    and with the long ones past it, so an answer growing past it would rotate its cached positions one way and
+    the rest the other, and a verify reaching past it rotates a round's tokens otherwise than one-token steps
+    would (transformers' own generate recomputes the cache there). None for every other rope."""
+    rope = text.get("rope_parameters") or text.get("rope_scaling")
+    if not isinstance(rope, Mapping) or (rope.get("rope_type") or rope.get("type")) != "longrope":
+        return None
+    length = rope.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
+    return length if isinstance(length, int) and length > 0 else None
+
+
+def decode_context(text: Mapping[str, Any], context: int | None = None) -> int | None:
+    """The longest sequence eyas decodes the target of config `text` in: its max_position_embeddings (`context`
+    where a config object read it through an alias), or for longrope the shorter original length."""
+    if context is None:
+        context = text.get("max_position_embeddings") if isinstance(text.get("max_position_embeddings"), int) else None
+    original = longrope_length(text)
+    return context if original is None else min(original, context or original)
 
 
 def _llama_style(parent: str) -> bool:

@@ -127,8 +127,10 @@ def answers_prompts(a: argparse.Namespace) -> bool:
 def answer_room(args: argparse.Namespace) -> None:
     """--max-new-tokens below the target's context: a prompt (a token at least) and its answer must fit,
     so an answer as long as the context is refused from the config, not after the weights load."""
+    from eyas.target_ref import decode_context  # a longrope target's: its original length
+
     value, config = getattr(args, "max_new_tokens", None), _target_config(args)
-    bound = None if config is None else config.get("max_position_embeddings")
+    bound = None if config is None else decode_context(config)
     if isinstance(bound, int) and value is not None and value >= bound:
         raise EyasError(f"--max-new-tokens {value}: not below the target's context of {bound} tokens (the prompt "
                         "and its answer must fit it)",
@@ -139,11 +141,13 @@ def draft_room(args: argparse.Namespace, depths: dict[str, int | None], widths: 
     """Drafts that fit the target: no chain, tree depth or tree budget (`depths`) of its context's length
     or more, no branching (`widths`) past its vocabulary. Said before anything loads: a 10^8-token chain
     was a traceback from allocating terabytes of KV cache, minutes in."""
+    from eyas.target_ref import decode_context
+
     config = _target_config(args)
     if config is None:
         return
-    for limits, key, what in ((depths, "max_position_embeddings", "context"), (widths, "vocab_size", "vocabulary")):
-        bound = config.get(key)
+    for limits, bound, what in ((depths, decode_context(config), "context"),
+                                (widths, config.get("vocab_size"), "vocabulary")):
         for flag, value in limits.items():
             if isinstance(bound, int) and value is not None and value >= bound:
                 example = "--tree 5,4,16" if flag.startswith("--tree ") else f"{flag} 5"

@@ -79,8 +79,10 @@ def _draft_plan(
     if draft_tokens is not None and tree is not None:
         raise EyasError("both draft_tokens and tree were given", "pass draft_tokens=k or tree=(d, k, n)")
     if tree is not None:
-        shape = tree_shape(tree)
-        return shape[0], shape
+        # children past the budget's count are never kept (their better siblings fill it first): top_k capped
+        # at the budget drafts the same tree without K x K candidates a level (--tree 3,49151,16 ran out of memory)
+        depth, top_k, budget = tree_shape(tree)
+        return depth, (depth, min(top_k, budget), budget)
     k = DEFAULT_DRAFT_TOKENS if draft_tokens is None else int(draft_tokens)
     if k < 1:
         raise EyasError(f"draft_tokens={k}: a chain needs at least 1 draft token", "e.g. draft_tokens=4")
@@ -90,11 +92,13 @@ def _draft_plan(
 def _check_request(target: Target, prompt_len: int, max_new_tokens: int, temperature, top_p, top_k) -> None:
     if max_new_tokens < 1:
         raise EyasError(f"max_new_tokens={max_new_tokens}: nothing to generate", "pass max_new_tokens >= 1")
-    context = getattr(target.config, "max_position_embeddings", None)
+    context = target.context  # a longrope target's is its original length: past it, its rotary factors change
+    longrope = context != getattr(target.config, "max_position_embeddings", None)
     if context is not None and prompt_len + max_new_tokens > context:
         raise EyasError(
             f"the prompt has {prompt_len} tokens and max_new_tokens is {max_new_tokens}: "
-            f"{prompt_len + max_new_tokens} positions, but the target's context is {context}",
+            f"{prompt_len + max_new_tokens} positions, but the target's context is {context}"
+            + (" (longrope: its original length)" if longrope else ""),
             f"shorten the prompt to at most {context - max_new_tokens} tokens or lower max_new_tokens",
         )
     if not temperature >= 0 or not 0 < top_p <= 1 or top_k < 0:  # NaN fails each: it sampled greedily
