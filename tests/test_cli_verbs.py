@@ -238,7 +238,8 @@ def test_the_doctors_defaults_in_its_help_are_the_librarys():
     assert "eyas.doctor." not in shown
 
 
-def test_evals_answer_length_in_its_help_is_the_librarys_and_unused_with_data_is_said(tmp_path, capsys):
+def test_evals_answer_length_in_its_help_is_the_librarys_and_unused_with_data_is_said(draft, shards, target,
+                                                                                    tmp_path, capsys):
     import inspect
 
     from eyas.evaluate import evaluate
@@ -247,7 +248,9 @@ def test_evals_answer_length_in_its_help_is_the_librarys_and_unused_with_data_is
     assert f"(default: {default};" in " ".join(_verb_parsers()["eval"].format_help().split())
     assert build_parser().parse_args(["eval"]).max_new_tokens is None  # so that a given one is told apart
     code, _, err = run(capsys, "eval", "--data", tmp_path / "nowhere", "--max-new-tokens", "4")
-    assert code == 2 and err.startswith("warning: --max-new-tokens 4 does nothing with --data")
+    assert code == 2 and err.startswith("error:") and "warning" not in err  # refused: one error line
+    rep = run_json(capsys, "eval", draft, "--data", shards, "--target", target, "--max-new-tokens", "4", "--no-progress")
+    assert rep["stderr_warnings"][0].startswith("--max-new-tokens 4 does nothing with --data")
 
 
 def test_every_verb_every_flag_has_help_and_closed_sets_have_choices():

@@ -29,6 +29,31 @@ from eyas.cli import main
 from eyas.train import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def signals_as_a_terminal_leaves_them():
+    """Each test (and the eyas processes it starts) begins with SIGINT and SIGTERM at Python's defaults: a suite
+    started in the background (`pytest &`) ignores SIGINT, and eyas keeps an ignored signal ignored."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    """A job started in the background with `&` ignores SIGINT; inside a verb it still does (eyas.__main__ left
+    it so before the CLI ran), where the block took it and Ctrl-C meant for the foreground stopped the job."""
+    from eyas.interrupt import Interrupted, on_signals
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with on_signals(lambda: "nothing kept"):
+        os.kill(os.getpid(), signal.SIGINT)  # ignored: the block runs on
+        with pytest.raises(Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)  # not ignored: taken
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 PYTHON = sys.executable
 
 

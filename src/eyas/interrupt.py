@@ -65,14 +65,19 @@ class Guard:
 @contextmanager
 def on_signals(note: Callable[[], str]) -> Iterator[Guard]:
     """SIGINT and SIGTERM raise `Interrupted(note())` inside the block; the previous handlers come
-    back after it. Outside the main thread (where Python cannot take signals) it does nothing."""
+    back after it. A signal the process was started ignoring stays ignored (a job started in the
+    background with `&` ignores SIGINT, as eyas.__main__ leaves it). Outside the main thread (where
+    Python cannot take signals) it does nothing."""
     guard = Guard(note)
     if threading.current_thread() is not threading.main_thread():
         yield guard
         return
-    previous = {s: signal.signal(s, guard.handle) for s in SIGNALS}
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    taken = [s for s, handler in previous.items() if handler is not signal.SIG_IGN]
+    for s in taken:
+        signal.signal(s, guard.handle)
     try:
         yield guard
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s in taken:
+            signal.signal(s, previous[s])
