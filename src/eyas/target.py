@@ -186,7 +186,7 @@ class Target:
         return TargetOutput(features, last, logits, out.past_key_values)
 
 
-_TOKENIZERS: dict[tuple, Any] = {}  # (folder, its files' stamps) -> tokenizer: read once per process
+_TOKENIZERS: dict[str, tuple[tuple, Any]] = {}  # folder -> (its files' stamps, its tokenizer), the latest read
 
 
 def _tokenizer(ref: TargetRef) -> Any:
@@ -195,10 +195,10 @@ def _tokenizer(ref: TargetRef) -> Any:
     load, then with the model (0.4 s each for SmolLM2's)."""
     if not ref.has_tokenizer():
         return None
-    key = (str(ref.folder), _stamps(ref.folder))
-    if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = _read_tokenizer(ref)
-    return _TOKENIZERS[key]
+    stamps, held = _stamps(ref.folder), _TOKENIZERS.get(str(ref.folder))
+    if held is None or held[0] != stamps:  # one per folder: a rewritten one replaces what was read before
+        held = _TOKENIZERS[str(ref.folder)] = (stamps, _read_tokenizer(ref))
+    return held[1]
 
 
 def _stamps(folder: Path) -> tuple:
