@@ -205,7 +205,8 @@ def test_sampled_serving_is_held_against_the_targets_distribution(sampled):
     assert r["drafts_compared"]["first_token_same"] >= 0.95  # the engine drafts eyas's argmax tokens
     assert abs(r["control"]["z"]) < 4 and r["control"]["rare_tokens"] <= 2
     s = r["samples"]
-    assert s["z"] > 6 and s["rare_tokens"] > 5 and not r["agree"], (
+    # rare tokens: 5 on the AVX2-only EPYC, more on AVX-512 CPUs, where a faithful sampler draws rare_bound (0.24)
+    assert s["z"] > 6 and s["rare_tokens"] > 2 and not s["faithful"] and not r["agree"], (
         f"vLLM's speculative samples fit the target's distribution now ({s}): the defect docs/serve-check.md "
         "records is gone in this build; update that page and this test")
     assert any("the fault is in its speculative sampling" in e for e in r["explanation"])
