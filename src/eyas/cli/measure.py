@@ -15,7 +15,7 @@ from typing import Any
 
 from eyas.cli import preflight
 from eyas.cli.inputs import capture_layers_of, drafter_of, target_of
-from eyas.cli.output import print_json, print_report, warning_said
+from eyas.cli.output import print_json, print_report
 from eyas.errors import EyasError
 
 # --- capture ------------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ from eyas.errors import EyasError
 def cmd_capture(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
     from eyas.contract import default_capture_layers
-    from eyas.data import capture, prompts_fit, read_prompts
+    from eyas.data import capture, prompts_fit, read_prompts, short_of_limit
     from eyas.data.capturing import same_prompts
     from eyas.dtypes import to_dtype
     from eyas.target import Target
@@ -34,9 +34,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts, limit=end)[args.skip :]
     if not prompts:
         raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")
-    if args.limit is not None and len(prompts) < args.limit:  # capturing fewer than asked is said, not hidden
-        after = f" after --skip {args.skip}" if args.skip else ""
-        warning_said(f"--limit {args.limit}: {args.prompts} has {len(prompts)} prompts{after}; capturing those")
+    short_of_limit(prompts, args.limit, args.prompts, after=f" after --skip {args.skip}" if args.skip else "",
+                   doing="capturing")
     dtype = to_dtype(args.dtype)
     prompts_fit(target_spec, prompts, args.max_new_tokens, max_length=args.max_length, skip_long=args.skip_long)
     same_prompts(args.out, prompts)  # resuming with other prompts: said before the weights load

@@ -99,11 +99,12 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
     return prompts
 
 
-def short_of_limit(prompts: list, limit: int | None, source: str | Path) -> list:
+def short_of_limit(prompts: list, limit: int | None, source: str | Path, *, after: str = "",
+                   doing: str = "measuring") -> list:
     """`prompts`, read under `--limit limit` (None: all), with a warning where there are fewer than asked:
-    figures measured on 5 prompts, asked for 10, are not passed off as the 10's."""
+    figures measured on 5 prompts, asked for 10, are not passed off as the 10's (`after`: what was skipped)."""
     if limit is not None and len(prompts) < limit:
-        warnings.warn(f"--limit {limit}: {source} has {len(prompts)} prompts; measuring those", stacklevel=2)
+        warnings.warn(f"--limit {limit}: {source} has {len(prompts)} prompts{after}; {doing} those", stacklevel=2)
     return prompts
 
 

@@ -60,7 +60,7 @@ def _compile(source: Path, out: Path) -> None:
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot run here (said once on stderr
     when only the compiler is missing or fails: the CPU would gain from it)."""
-    if os.environ.get("EYAS_BF16_KERNEL") == "0" or platform.machine() not in ("x86_64", "AMD64"):
+    if _switched_off() or platform.machine() not in ("x86_64", "AMD64"):
         return None
     if not {"avx2", "fma"} <= set(cpu_flags()):
         return None
@@ -92,9 +92,14 @@ def usable(weight: Tensor) -> bool:
     Asked where torch has no packed product for it, so a kernel switched off here is said (once)."""
     fits = (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
             and weight.shape[1] % LANES == 0)
-    if fits and os.environ.get("EYAS_BF16_KERNEL") == "0":
+    if fits and _switched_off():
         _said_off()
     return fits and available()
+
+
+def _switched_off() -> bool:
+    """EYAS_BF16_KERNEL=0: the kernel is not used (to time the difference)."""
+    return os.environ.get("EYAS_BF16_KERNEL") == "0"
 
 
 @cache
