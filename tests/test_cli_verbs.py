@@ -198,6 +198,18 @@ def test_doctor_exit_code_follows_the_verdict(target, draft, prompts, capsys):
     rep = json.loads(out)
     assert code == (0 if rep["verdict"] == "ok" else 1), err
     assert rep["drafter"] == str(draft) and rep["contract"]["capture_layers"] == [1, 2, 3]
+    assert "stderr_warnings" not in rep  # 5 prompts under the default --limit 8: nothing was asked of them
+    rep = run_json(capsys, "doctor", draft, "--target", target, "--prompts", prompts, "--limit", "99",
+                   "--max-new-tokens", "4", "--no-progress", code=code)  # asked for more than the file has: said
+    assert rep["stderr_warnings"] == [f"--limit 99: {prompts} has {len(PROMPTS)} prompts; measuring those"]
+
+
+def test_serve_check_says_a_limit_its_prompts_fall_short_of(draft, target, prompts, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EYAS_ENGINES", str(tmp_path / "no-engines"))  # the warning comes before the engine starts
+    flags = ("serve-check", draft, "--target", target, "--prompts", prompts, "--max-new-tokens", "8")
+    assert "warning" not in run(capsys, *flags)[2]  # 5 prompts, the default --limit 10: nothing asked of them
+    code, _out, err = run(capsys, *flags, "--limit", "99")
+    assert code == 2 and f"warning: --limit 99: {prompts} has {len(PROMPTS)} prompts; serving those" in err
 
 
 def test_serve_check_without_the_engine_names_the_install_command(draft, target, tmp_path, monkeypatch, capsys):
@@ -228,14 +240,17 @@ def _verb_parsers() -> dict[str, argparse.ArgumentParser]:
     return dict(sub.choices)
 
 
-def test_the_doctors_defaults_in_its_help_are_the_librarys():
+def test_the_doctors_and_serve_checks_defaults_in_their_help_are_the_librarys():
     from eyas.doctor import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS
 
-    args = build_parser().parse_args(["doctor"])
-    assert (args.limit, args.max_new_tokens) == (DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS)
+    from eyas.engines import DEFAULT_LIMIT as SERVED
+
+    args = build_parser().parse_args(["doctor"])  # --limit left out: None, the library's default (said only if given)
+    assert (args.limit, args.max_new_tokens) == (None, DEFAULT_MAX_NEW_TOKENS)
     shown = " ".join(_verb_parsers()["doctor"].format_help().split())  # wrapped at any terminal width
     assert f"(default: {DEFAULT_LIMIT};" in shown and f"(default: {DEFAULT_MAX_NEW_TOKENS})" in shown
     assert "eyas.doctor." not in shown
+    assert f"prompts served (default: {SERVED})" in " ".join(_verb_parsers()["serve-check"].format_help().split())
 
 
 def test_evals_answer_length_in_its_help_is_the_librarys_and_unused_with_data_is_said(draft, shards, target,

@@ -318,7 +318,7 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
                    "answers), matched against the target's own states")
     add_data_format(p)
     add_device(p)
-    p.add_argument("--limit", type=int, default=DOCTOR_LIMIT, metavar="N",
+    p.add_argument("--limit", type=int, metavar="N",
                    help=f"prompts, or a cache's samples, measured (default: {DOCTOR_LIMIT}; up to 4x as many where "
                    "positions and answers disagree)")
     add_max_new_tokens(p, DOCTOR_MAX_NEW_TOKENS, "answer tokens per prompt, or per cache sample")
@@ -332,7 +332,7 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_target(p)
     p.add_argument("--prompts", default="mtbench", help="a prompt file, or a packaged set: mtbench (default), "
                    "sharegpt, sharegpt-clean, sharegpt-turns")
-    p.add_argument("--limit", type=int, default=10, metavar="N", help="prompts served (default: 10)")
+    p.add_argument("--limit", type=int, metavar="N", help="prompts served (default: 10)")
     p.add_argument("--draft-tokens", type=int, default=5, metavar="K", help="draft tokens per step (default: 5)")
     add_max_new_tokens(p, 64, "answer tokens per prompt")
     p.add_argument("--dump", metavar="PATH",

@@ -14,9 +14,10 @@
 """
 
 from eyas.engines.launch import INSTALL_COMMAND, engine_python, engines_dir, llamacpp_dir, run_vllm
-from eyas.engines.serve_check import format_serve_check, serve_check, serve_check_many
+from eyas.engines.serve_check import DEFAULT_LIMIT, format_serve_check, serve_check, serve_check_many
 
 __all__ = [
+    "DEFAULT_LIMIT",
     "INSTALL_COMMAND",
     "engine_python",
     "engines_dir",

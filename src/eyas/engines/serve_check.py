@@ -45,6 +45,7 @@ from eyas.target_ref import TargetRef
 ENGINES = ("vllm",)
 NO_SPECULATION = "no speculation"
 MAX_MODEL_LEN = 1024
+DEFAULT_LIMIT = 10  # prompts served
 # Worker budget: start-up and load per engine, then generation (CPU, batch 1, fp32), generously.
 START_SECONDS, TOKEN_SECONDS = 240, 1.0
 
@@ -289,7 +290,7 @@ def serve_check(
     engine: str = "vllm",
     target: str | Path | None = None,
     prompts: str | Path = "mtbench",
-    limit: int = 10,
+    limit: int = DEFAULT_LIMIT,
     draft_tokens: int = 5,
     max_new_tokens: int = 64,
     dump: str | Path | None = None,
