@@ -132,6 +132,32 @@ def test_the_verdict_from_the_head_equals_the_full_target(sharded):
     assert torch.allclose(out.last_hidden[0] @ head.lm_head.T, out.logits[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["model.language_model.", "language_model.model."])
+def test_a_multimodal_targets_head_is_read_under_its_language_model(sharded, tmp_path, capsys, layout):
+    """Llama 4, Gemma 3, Mistral 3 hold the language model's tensors under a prefix (transformers' current
+    layout, or the older one with `language_model.lm_head`): the head is read there, the same figures."""
+    folder, shards, draft = sharded
+    ref = TargetRef.resolve(folder)
+    lm = "lm_head.weight" if layout.startswith("model.") else "language_model.lm_head.weight"
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    renamed = {layout + n.removeprefix("model.") if n.startswith("model.") else lm: t
+               for n, t in ref.tensors(sorted(ref.tensor_names())).items()}
+    save_file({**renamed, "vision_tower.patch.weight": torch.zeros(2, 2)}, mm / "model.safetensors")
+    (mm / "config.json").write_text(json.dumps({"architectures": ["Llama4ForConditionalGeneration"],
+                                                "model_type": "llama4", "text_config": ref.text_config}))
+    capsys.readouterr()
+    flags = ["--data", str(shards), "--json", "--depth", "3", "--dtype", "fp32", "--no-progress"]
+    assert main(["eval", str(draft), "--target", str(folder), *flags]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(draft), "--target", str(mm), *flags]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert sorted(rep["cost"]["target_tensors_read"]) == sorted([layout + "embed_tokens.weight", layout + "norm.weight",
+                                                                 lm])
+    assert (rep["tau_chain"], rep["acceptance_by_depth"]) == (plain["tau_chain"], plain["acceptance_by_depth"])
+    assert "final norm's digest matches" in " ".join(rep["stderr_warnings"])  # the same weights, recognised
+
+
 def test_a_ref_resolves_once_and_passes_through(sharded):
     folder = sharded[0]
     ref = TargetRef.resolve(folder)

@@ -42,6 +42,9 @@ HF_NAMES = {
     "norm.weight": "model.norm.weight",
     "lm_head.weight": "lm_head.weight",  # absent from the files when tied to embed_tokens
 }
+# where a multimodal target's files hold those under its language model: Llama's prefix -> transformers' current
+# layout (`model.language_model.norm.weight`, Llama 4, Gemma 3, Mistral 3 saved since 4.52), then the older one
+LANGUAGE_MODEL = {"model.": ("model.language_model.", "language_model.model."), "": ("language_model.",)}
 
 
 # model types whose RMSNorm scales by (1 + weight), the weight stored zero-centred (Gemma's, Qwen3-Next's):
@@ -169,9 +172,7 @@ class TargetRef:
         rather than read again: the draft's borrowed embeddings and a tied lm_head are one read.
         """
         names = list(names)
-        on_disk = {n: HF_NAMES.get(n, n) for n in names}
-        if "lm_head.weight" in names and self.tied_embeddings():
-            on_disk["lm_head.weight"] = HF_NAMES["embed_tokens.weight"]
+        on_disk = {n: self.on_disk(n) for n in names}
         wanted = set(on_disk.values())
         found = {hf: self._alive[(hf, dtype, device)] for hf in wanted if (hf, dtype, device) in self._alive}
         stored = {hf: self._alive[(hf, None, None)] for hf in wanted - set(found) if (hf, None, None) in self._alive}
@@ -196,12 +197,23 @@ class TargetRef:
         H, V = self.hidden_size, self.vocab_size
         for name, t, want in (("norm.weight", norm, [H]), ("lm_head.weight", lm_head, [V, H])):
             if list(t.shape) != want:
-                on_disk = HF_NAMES["embed_tokens.weight"] if name == "lm_head.weight" and self.tied_embeddings() \
-                    else HF_NAMES[name]
-                raise FormatError(f"{self.folder}: {on_disk} is {list(t.shape)}, config.json says {want} "
+                raise FormatError(f"{self.folder}: {self.on_disk(name)} is {list(t.shape)}, config.json says {want} "
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
         eps = float(self.text_config.get("rms_norm_eps") or 1e-6)
         return TargetHead(lm_head, norm, eps, 1.0 if self.model_types() & ZERO_CENTERED_NORM else 0.0)
+
+    def on_disk(self, name: str) -> str:
+        """The name in the target's files of the drafter's `name` (embed_tokens, norm, lm_head: HF_NAMES; lm_head
+        is embed_tokens where tied), under a multimodal target's language model (LANGUAGE_MODEL) where the files
+        hold it there and not under Llama's; any other name as written."""
+        if name == "lm_head.weight" and self.tied_embeddings():
+            name = "embed_tokens.weight"
+        llama = HF_NAMES.get(name)
+        if llama is None or llama in self.tensor_names():
+            return llama or name
+        outer = "model." if llama.startswith("model.") else ""
+        inner = (prefix + llama.removeprefix(outer) for prefix in LANGUAGE_MODEL[outer])
+        return next((n for n in inner if n in self.tensor_names()), llama)
 
     def model_types(self) -> set[str]:
         """The config's model_type and its language model's (a multimodal target's text_config)."""
@@ -218,7 +230,7 @@ class TargetRef:
         or a fine-tune that moves the norm changes it (a merged LoRA does not); a copy, a move or another
         load precision does not, and neither does a bf16 re-save (an fp16 one of fp32 weights does: the
         double rounding). None where the weights are not here, are one pickle (read whole for one
-        tensor: not for a digest), or hold no final norm under Llama's name."""
+        tensor: not for a digest), or hold no final norm under Llama's name or a language model's (`on_disk`)."""
         found = find_weights(self.folder)
         if found is None or not found.name.endswith((".safetensors", ".safetensors.index.json")):
             return None
@@ -239,7 +251,8 @@ class TargetRef:
         said = self.text_config.get("tie_word_embeddings", self.config.get("tie_word_embeddings"))
         if isinstance(said, bool):
             return said
-        return HF_NAMES["lm_head.weight"] not in self.tensor_names()
+        heads = [prefix + HF_NAMES["lm_head.weight"] for prefix in ("", *LANGUAGE_MODEL[""])]
+        return not self.tensor_names() & set(heads)
 
     def tensor_names(self) -> frozenset[str]:
         """Every tensor name the target's weights hold (from the index or headers: no data read; once)."""

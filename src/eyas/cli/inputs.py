@@ -1,5 +1,5 @@
 """From parsed flags to the library's arguments, the same way for every verb: the target, the draft,
-capture layers, dtype, --limit."""
+capture layers, dtype."""
 
 from __future__ import annotations
 
@@ -44,16 +44,3 @@ def capture_layers_of(text: str | None) -> tuple[int, ...] | None:
     except ValueError:
         raise EyasError(f"--capture-layers {text!r} is not a comma-separated list of integers",
                         "write e.g. --capture-layers 2,15,27") from None
-
-
-def limit_of(args: argparse.Namespace, default: int, prompts: str | None, doing: str) -> int:
-    """`--limit`, or the verb's `default` where it is not given. Only a --limit given is held against the
-    prompts read (`prompts`: their file or set, None where the verb reads none): a file shorter than the
-    default would otherwise always be warned about, and the default asked for nothing."""
-    if args.limit is None:
-        return default
-    if prompts is not None:
-        from eyas.data import read_prompts, short_of_limit
-
-        short_of_limit(read_prompts(prompts, limit=args.limit), args.limit, prompts, doing=doing)
-    return args.limit
