@@ -203,6 +203,11 @@ def test_a_cache_row_longer_than_the_targets_context_is_said(tiny, tmp_path, cap
     assert json.loads(out.out)["data"]["longer_than_context"] == 1
     said = f"warning: 1 sample(s) of {cache} are longer than the target's context (64 tokens; the longest 80)"
     assert said in out.err
+    assert "--limit" not in out.err  # none given
+    assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--limit", "99", "--json",
+                 "--no-progress"]) == 0  # more samples asked for than the cache holds: said, as for prompts
+    said = json.loads(capsys.readouterr().out)["stderr_warnings"]
+    assert f"--limit 99: {cache} has 1 samples; measuring those" in said
 
 
 @pytest.mark.parametrize("ids", [[4, 40], [4]])

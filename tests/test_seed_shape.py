@@ -96,6 +96,28 @@ def test_doctor_names_the_fault_and_says_what_it_assumed_about_the_cache(seed, c
     assert "capture [2, 30, 58]" in rep["cache"]["layers"]
     assert any("--target FULL_TARGET_FOLDER" in n for n in rep["notes"])
     assert rep["cache_measured"]["positions"] > 0 and rep["cache_measured"]["verdict"] == "target"
+    assert rep["cache_measured"]["longer_than_context"] == 0 and "stderr_warnings" not in rep  # nothing asked
+
+
+def test_doctor_says_a_limit_the_cache_falls_short_of_and_rows_past_the_targets_context(seed, tmp_path, capsys):
+    """As eval says both: the cache is measured whole where only the target's head is at hand."""
+    draft, target, cache = seed
+    shorter = tmp_path / "target"  # the same head, a context shorter than the cache's rows
+    shorter.mkdir()
+    for f in target.iterdir():
+        (shorter / f.name).symlink_to(f)
+    (shorter / "config.json").unlink()
+    (shorter / "config.json").write_text(json.dumps({**json.loads((target / "config.json").read_text()),
+                                                     "max_position_embeddings": T - 8}))
+    capsys.readouterr()
+    main(["doctor", str(draft), "--target", str(shorter), "--features", str(cache), "--limit", "99", "--json",
+          "--no-progress"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["cache_measured"]["longer_than_context"] == SAMPLES
+    assert rep["stderr_warnings"] == [
+        f"--limit 99: {cache} has {SAMPLES} samples; measuring those",
+        f"{SAMPLES} sample(s) of {cache} are longer than the target's context ({T - 8} tokens; the longest {T}): "
+        "their positions past it are measured, though no engine serves them"]
 
 
 def test_eval_runs_at_the_real_width_and_reports_its_cost(seed, capsys):

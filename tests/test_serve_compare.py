@@ -227,19 +227,20 @@ def test_the_exact_tail_is_the_binomial_one_for_equal_chances():
 
 def test_the_engine_is_given_no_longer_a_context_than_the_targets(tiny, tmp_path):
     """vLLM refuses a max_model_len beyond the model's: the tiny target's 64, not serve-check's 1024."""
+    from eyas.data import read_prompts
     from eyas.engines.serve_check import engine_job, prompt_ids
 
     target, _ = tiny
     assert engine_job(target, [[1, 2, 3]], [], 4)["max_model_len"] == 64
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello world\n" + "hello world " * 30 + "\n", encoding="utf-8")  # ~70 tokens: fits 1024 only
-    assert len(prompt_ids(target, prompts, 1, 4)) == 1
+    assert len(prompt_ids(target, prompts, read_prompts(prompts, limit=1), 4)) == 1
     with pytest.warns(UserWarning, match=r"1 of 2 prompts do not fit the 64 tokens serve-check gives vLLM with 4 new "
                                          r"ones and are left out \(first: p.txt line 2, \d+ tokens\)"):
-        assert len(prompt_ids(target, prompts, 10, 4)) == 1  # left out, and said (it was unsaid)
+        assert len(prompt_ids(target, prompts, read_prompts(prompts), 4)) == 1  # left out, and said (it was unsaid)
     (tmp_path / "long.txt").write_text("hello world " * 30 + "\n", encoding="utf-8")
     with pytest.raises(EyasError, match=r"no prompt of .*long.txt fits the 64 tokens"):
-        prompt_ids(target, tmp_path / "long.txt", 10, 4)
+        prompt_ids(target, tmp_path / "long.txt", read_prompts(tmp_path / "long.txt"), 4)
 
 
 def test_an_unusable_draft_is_refused_before_the_target_loads_or_the_engine_starts(tiny, tmp_path, monkeypatch):

@@ -320,7 +320,7 @@ def evaluate(
     samples; it must read the same capture layers. The report's `against` holds its figures and
     `difference`, this draft's minus its, with 95% intervals from the same resampled samples.
     """
-    from eyas.data.caches import PRE_NORM, open_cache  # other trainers' readers load only for --data
+    from eyas.data.caches import PRE_NORM, LongerThanContext, open_cache  # other trainers' readers: only for --data
 
     t0 = time.perf_counter()
     dtype = eval_dtype(dtype, device)
@@ -336,6 +336,7 @@ def evaluate(
             raise EyasError(f"{other_config} (--against) reads capture layers {list(other_layers)} and {config} "
                             f"reads {list(layers)}: one set of features cannot measure both",
                             "compare drafts that read the same target layers (eyas check shows them)")
+    given_data = data is not None
     with tempfile.TemporaryDirectory(prefix="eyas-eval-") as tmp:
         if data is None:
             capture(Target.load(ref), asked, layers, tmp, max_new_tokens=max_new_tokens, dtype=dtype, progress=progress,
@@ -352,9 +353,10 @@ def evaluate(
             require_sampleable(info, ref)
         head = ref.head() if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
-        samples, longer = itertools.islice(cache, limit) if limit else cache, []
-        context = ref.text_config.get("max_position_embeddings")
-        samples = judged(_noting_longer(samples, context, longer), head, normed=info.last_hidden != PRE_NORM,
+        if given_data:  # prompts were held to --limit as they were read
+            short_of_limit(cache, limit, info.path, unit="samples")
+        longer = LongerThanContext(ref.text_config.get("max_position_embeddings"))
+        samples = judged(longer.passing(itertools.islice(cache, limit)), head, normed=info.last_hidden != PRE_NORM,
                          device=ref.device, vocab_size=ref.vocab_size, where=info.path)
         t1 = time.perf_counter()
         answers = _answers_temperature(cache)
@@ -372,27 +374,14 @@ def evaluate(
     report["data"] = {"format": info.format, "path": where, "layers": info.layers_note,
                       "layers_recorded": info.layers_recorded, "answers": info.answers_note,
                       "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "answers_temperature": answers,
-                      "longer_than_context": len(longer)}
-    if longer:
-        warnings.warn(f"{len(longer)} sample(s) of {where} are longer than the target's context ({context} tokens; "
-                      f"the longest {max(longer)}): their positions past it are measured, though no engine serves "
-                      "them", stacklevel=2)
+                      "longer_than_context": len(longer.lengths)}
+    longer.warn(where)
     report["cost"] = {"device": str(ref.device), "runs_on": runs_on(ref.device),
                       "dtype": str(dtype).removeprefix("torch."),
                       "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(seconds, 2),
                       "positions_per_s": round(report["tokens"] / seconds, 1) if seconds > 0 else None,
                       "target_tensors_read": list(ref.read)}
     return report
-
-
-def _noting_longer(samples, context: int | None, longer: list[int]):
-    """The samples as they are, noting in `longer` the length of each longer than `context`: a cache
-    written elsewhere may hold rows no engine serves at this target's context (eyas capture refuses them)."""
-    for sample in samples:
-        n = int(sample["input_ids"].shape[-1])
-        if isinstance(context, int) and n > context:
-            longer.append(n)
-        yield sample
 
 
 def _drafter_and_layers(path, ref: TargetRef, layer_convention: str | None, dtype: torch.dtype):

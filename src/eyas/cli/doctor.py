@@ -6,22 +6,19 @@ eyas.doctor (the measuring harness) is imported inside the verb, so `eyas --help
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from eyas.cli import preflight
-from eyas.cli.inputs import drafter_of, limit_of, target_of
+from eyas.cli.inputs import drafter_of, target_of
 from eyas.cli.output import print_report
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
-    from eyas.doctor import DEFAULT_LIMIT, DEFAULT_PROMPTS, diagnose, format_report
+    from eyas.doctor import diagnose, format_report
 
-    on_prompts = args.features is None or not Path(args.features).is_dir()  # a cache: its samples, no prompts
-    limit = limit_of(args, DEFAULT_LIMIT, (args.prompts or DEFAULT_PROMPTS) if on_prompts else None, "measuring")
     report = diagnose(drafter_of(args), target=target_of(args, weights=True), prompts=args.prompts,
                       features=args.features, data_format=args.data_format, device=args.device,
                       layer_convention=args.layer_convention,
-                      limit=limit, max_new_tokens=args.max_new_tokens, progress=args.progress)
+                      limit=args.limit, max_new_tokens=args.max_new_tokens, progress=args.progress)
     print_report(report, args.json, format_report)
     return 0 if report["verdict"] == "ok" else 1

@@ -10,17 +10,16 @@ from __future__ import annotations
 import argparse
 
 from eyas.cli import preflight
-from eyas.cli.inputs import drafter_of, limit_of, target_of
+from eyas.cli.inputs import drafter_of, target_of
 from eyas.cli.output import print_report
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
     preflight.check(args)  # flags and input files, before anything loads
-    from eyas.engines import DEFAULT_LIMIT, format_serve_check, serve_check
+    from eyas.engines import format_serve_check, serve_check
 
-    limit = limit_of(args, DEFAULT_LIMIT, args.prompts, "serving")
     report = serve_check(drafter_of(args), engine=args.engine, target=target_of(args, weights=True),
-                         prompts=args.prompts, limit=limit, draft_tokens=args.draft_tokens,
+                         prompts=args.prompts, limit=args.limit, draft_tokens=args.draft_tokens,
                          max_new_tokens=args.max_new_tokens, dump=args.dump, device=args.device,
                          temperature=args.temperature, progress=args.progress)
     print_report(report, args.json, format_serve_check)

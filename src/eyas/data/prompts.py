@@ -16,14 +16,16 @@ import itertools
 import json
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eyas.data import textfile
 from eyas.data.textfile import text_chunks, text_lines, too_long
 from eyas.errors import EyasError, FormatError
+
+S = TypeVar("S", bound=Sized)
 
 DEFAULT_TRAIN_PROMPTS = "sharegpt"  # read_prompts(None) reads these
 DEFAULT_EVAL_PROMPTS = "mtbench"  # held out: captures from them are refused for training
@@ -99,13 +101,14 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
     return prompts
 
 
-def short_of_limit(prompts: list, limit: int | None, source: str | Path, *, after: str = "",
-                   doing: str = "measuring") -> list:
-    """`prompts`, read under `--limit limit` (None: all), with a warning where there are fewer than asked:
-    figures measured on 5 prompts, asked for 10, are not passed off as the 10's (`after`: what was skipped)."""
-    if limit is not None and len(prompts) < limit:
-        warnings.warn(f"--limit {limit}: {source} has {len(prompts)} prompts{after}; {doing} those", stacklevel=2)
-    return prompts
+def short_of_limit(items: S, limit: int | None, source: str | Path, *, after: str = "", doing: str = "measuring",
+                   unit: str = "prompts") -> S:
+    """`items` (prompts, or a cache's samples: `unit`), read under a `--limit limit` given (None: none was), with
+    a warning where there are fewer than asked: figures measured on 5 prompts, asked for 10, are not passed off
+    as the 10's (`after`: what was skipped). A verb's default limit is no request: it is passed as None here."""
+    if limit is not None and len(items) < limit:
+        warnings.warn(f"--limit {limit}: {source} has {len(items)} {unit}{after}; {doing} those", stacklevel=2)
+    return items
 
 
 def check_prompts(source: str | Path | None, *, limit: int | None = None) -> None:

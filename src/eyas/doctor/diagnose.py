@@ -23,7 +23,7 @@ from eyas.doctor.caches import CacheFeed, cache_notes, cache_section, layers_fou
     open_for
 from eyas.doctor.capture import DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS, Capture, collect, collect_from
 from eyas.doctor.configs import config_files, conventions, engines_file, file_wirings
-from eyas.data import prompts_fit, read_prompts
+from eyas.data import prompts_fit, read_prompts, short_of_limit
 from eyas.data.dumps import read_dump
 from eyas.doctor.dumps import check_dump, dump_on_tokens, dump_section
 from eyas.doctor.measure import Measurer
@@ -239,7 +239,7 @@ def diagnose(
     features: str | Path | None = None,
     data_format: str | None = None,
     layer_convention: str | None = None,
-    limit: int = DEFAULT_LIMIT,
+    limit: int | None = None,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     progress: bool = True,
     capture: Capture | None = None,
@@ -247,7 +247,8 @@ def diagnose(
 ) -> dict[str, Any]:
     """Diagnose the draft checkpoint at `drafter` (a folder) against `target` (None: the embedded default).
 
-    Static findings always; measured findings on the target's greedy answers to `limit` prompts
+    Static findings always; measured findings on the target's greedy answers to `limit` prompts (None:
+    DEFAULT_LIMIT, and a file or cache shorter than it is not warned about, as one shorter than a limit given is)
     (default MT-bench), on the tokens of an engine dump (`features` a file, docs/engine-dumps.md), or
     on the tokens of a trainer's feature cache's first `limit` samples (`features` a folder,
     `data_format` or detected; each cut after `max_new_tokens` answer tokens: eyas.doctor.caches), whose
@@ -262,11 +263,12 @@ def diagnose(
     `static`, `hazards`, `consumers`, `measured`, `dump`, `notes`, `seconds`.
     """
     t0 = time.perf_counter()
-    path = Path(drafter)
+    path, asked, limit = Path(drafter), limit, DEFAULT_LIMIT if limit is None else limit  # asked: None, the default
     ref = TargetRef.resolve(capture.target.path if capture is not None else target, weights=False, device=device)
     answers = features is None or not Path(features).is_dir()  # an engine dump is measured on answers to prompts
     if capture is None and answers and ref.missing_model() is None:  # one too long is said first
-        prompts_fit(ref, read_prompts(prompts or DEFAULT_PROMPTS, limit=limit), max_new_tokens)
+        source = prompts or DEFAULT_PROMPTS
+        prompts_fit(ref, short_of_limit(read_prompts(source, limit=limit), asked, source), max_new_tokens)
     tgt_dir = ref.path
     rep = check_checkpoint(path, target=tgt_dir, layer_convention=layer_convention)
     ckpt, tcfg = rep.checkpoint, ref.text_config
@@ -277,6 +279,8 @@ def diagnose(
     missing = None if capture is not None else ref.missing_model()
     at_hand = missing is None
     dump, feed = _features(features, data_format, ref, report, final.layers, path, at_hand, max_new_tokens)
+    if feed is not None:
+        short_of_limit(feed.cache, asked, feed.cache.info.path, unit="samples")
     if feed is not None and feed.cache.info.num_slots < ckpt.contract.num_aux_layers:  # fc cannot run on it
         check_slots(feed.cache.info, ckpt.contract.num_aux_layers, path, ckpt.contract.capture_layers)
     cannot = _cannot_measure(rep, ckpt, tcfg)

@@ -29,7 +29,7 @@ from torch import Tensor
 from eyas.atomic import write_bytes
 from eyas.check import check_checkpoint, consumers
 from eyas.codes import text_of
-from eyas.data import encode_prompts, read_prompts
+from eyas.data import Prompt, encode_prompts, read_prompts, short_of_limit
 from eyas.drafter_loading import load_drafter, read_fitting, resolve_drafter
 from eyas.engines.compare import (DRAFTS_SAME, acceptance_agreement, drafts_agreement, dump_check, paired_difference,
                                   rates, sampled_agreement, samples_test, wiring_report)
@@ -65,13 +65,13 @@ def model_len(target: Target | TargetRef) -> int:
     return min(MAX_MODEL_LEN, context or MAX_MODEL_LEN)
 
 
-def prompt_ids(target: Target, prompts: str | Path, limit: int, max_new_tokens: int) -> list[list[int]]:
-    """The prompts as eyas capture and eval feed them: chat-templated token ids. Those that do not fit
-    the engine's context with their answers are left out, with a warning naming how many and the first
-    (a packaged set cannot be edited; unsaid, fewer prompts were served than asked for); none fitting
-    is refused."""
+def prompt_ids(target: Target, prompts: str | Path, listed: list[Prompt], max_new_tokens: int) -> list[list[int]]:
+    """The prompts `listed` (read from `prompts`) as eyas capture and eval feed them: chat-templated token ids.
+    Those that do not fit the engine's context with their answers are left out, with a warning naming how many
+    and the first (a packaged set cannot be edited; unsaid, fewer prompts were served than asked for); none
+    fitting is refused."""
     context = model_len(target)
-    ids, skipped = encode_prompts(target, read_prompts(prompts, limit=limit), max_new_tokens, context, True)
+    ids, skipped = encode_prompts(target, listed, max_new_tokens, context, True)
     kept = [i for i in ids if i is not None]
     if not kept:
         raise EyasError(f"no prompt of {prompts} fits the {context} tokens serve-check gives vLLM with "
@@ -290,7 +290,7 @@ def serve_check(
     engine: str = "vllm",
     target: str | Path | None = None,
     prompts: str | Path = "mtbench",
-    limit: int = DEFAULT_LIMIT,
+    limit: int | None = None,
     draft_tokens: int = 5,
     max_new_tokens: int = 64,
     dump: str | Path | None = None,
@@ -298,7 +298,8 @@ def serve_check(
     temperature: float = 0.0,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Serve `drafter` (None: the draft eyas ships for the target) in `engine` on `limit` prompts and
+    """Serve `drafter` (None: the draft eyas ships for the target) in `engine` on `limit` prompts (None:
+    DEFAULT_LIMIT, and a file shorter than it is not warned about, as one shorter than a limit given is) and
     compare its acceptance and wiring with eyas's prediction; `dump` also keeps what the engine fed
     the draft on the first prompt (eyas dump format, for `eyas doctor --features`). eyas's replay of
     the served sequences runs the target on `device` (vLLM itself serves on the CPU). `temperature` >
@@ -311,11 +312,13 @@ def serve_check(
     if engine not in ENGINES:
         raise EyasError(f"engine {engine!r} cannot serve drafts here; serve-check runs {', '.join(ENGINES)}",
                         "llama.cpp's reading of a draft is in `eyas inspect` (its converter runs in the tests)")
+    asked, limit = limit, DEFAULT_LIMIT if limit is None else limit
     if draft_tokens < 1 or limit < 1 or max_new_tokens < 2:
         raise EyasError("--draft-tokens and --limit must be >= 1 and --max-new-tokens >= 2", "pass positive sizes")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise EyasError(f"--temperature {temperature}: must be a number >= 0",
                         "0 serves greedily; e.g. --temperature 0.8")
+    listed = short_of_limit(read_prompts(prompts, limit=limit), asked, prompts, doing="serving")
     t0 = time.perf_counter()
     engine_python("vllm")  # not installed: say so before loading anything
     ref = TargetRef.resolve(target, weights=False)
@@ -326,7 +329,7 @@ def serve_check(
         raise EyasError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the {context} "
                         "tokens serve-check gives vLLM", f"pass --max-new-tokens {context // 2} or fewer")
     tgt = Target.load(target, dtype=torch.float32, device=device)
-    ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
+    ids = prompt_ids(tgt, prompts, listed, max_new_tokens)
     with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
         dump_path = Path(tmp, "dump.safetensors")  # the worker writes here; copied atomically to `dump`
         spec = vllm_spec(draft_dir, draft_tokens)
@@ -358,7 +361,7 @@ def serve_check_many(drafts: dict[str, Path], *, target: str | Path | None = Non
     for the names in `doctor` (it costs a diagnosis per draft whose dump does not match)."""
     engine_python("vllm")
     tgt = Target.load(target, dtype=torch.float32)
-    ids = prompt_ids(tgt, prompts, limit, max_new_tokens)
+    ids = prompt_ids(tgt, prompts, read_prompts(prompts, limit=limit), max_new_tokens)
     with tempfile.TemporaryDirectory(prefix="eyas-serve-check-") as tmp:
         runs = [{"name": name, "speculative_config": vllm_spec(Path(d).resolve(), draft_tokens),
                  "dump": str(Path(tmp, f"{name}.safetensors"))} for name, d in drafts.items()]

@@ -23,7 +23,8 @@ Shared pieces: base (CacheInfo, FeatureCache, per-sample checks), layers (layer 
 notes), pickles (torch.load with weights_only=True), detect (detect_format, open_cache).
 """
 
-from eyas.data.caches.base import NORMED, PRE_NORM, CacheInfo, FeatureCache
+from eyas.data.caches.base import NORMED, PRE_NORM, CacheInfo, FeatureCache, LongerThanContext
 from eyas.data.caches.detect import CACHE_FORMATS, detect_format, open_cache
 
-__all__ = ["CACHE_FORMATS", "NORMED", "PRE_NORM", "CacheInfo", "FeatureCache", "detect_format", "open_cache"]
+__all__ = ["CACHE_FORMATS", "NORMED", "PRE_NORM", "CacheInfo", "FeatureCache", "LongerThanContext", "detect_format",
+           "open_cache"]

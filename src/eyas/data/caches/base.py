@@ -15,8 +15,9 @@ was expected) on one line instead of failing deep inside eval or training.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,28 @@ class FeatureCache(ABC):
 
     def __len__(self) -> int:
         return self.info.num_samples or 0
+
+
+class LongerThanContext:
+    """The samples longer than the target's context, counted as they pass: a cache written elsewhere may hold
+    rows no engine serves at this target's context (eyas capture refuses them), and every verb that measures
+    a cache's samples whole says so, once, after measuring them (`warn`)."""
+
+    def __init__(self, context: int | None) -> None:
+        self.context, self.lengths = context, []
+
+    def passing(self, samples: Iterable[dict[str, Tensor]]) -> Iterator[dict[str, Tensor]]:
+        for sample in samples:
+            n = int(sample["input_ids"].shape[-1])
+            if isinstance(self.context, int) and n > self.context:
+                self.lengths.append(n)
+            yield sample
+
+    def warn(self, where: str | Path) -> None:
+        if self.lengths:
+            warnings.warn(f"{len(self.lengths)} sample(s) of {where} are longer than the target's context "
+                          f"({self.context} tokens; the longest {max(self.lengths)}): their positions past it are "
+                          "measured, though no engine serves them", stacklevel=3)
 
 
 def hint_for(fmt: str) -> str:
