@@ -247,17 +247,17 @@ def diagnose(
 ) -> dict[str, Any]:
     """Diagnose the draft checkpoint at `drafter` (a folder) against `target` (None: the embedded default).
 
-    Static findings always; measured findings on the target's greedy answers to `limit` prompts (None:
-    DEFAULT_LIMIT, and a file or cache shorter than it is not warned about, as one shorter than a limit given is)
+    Static findings always; measured findings on the target's greedy answers to `limit` prompts
     (default MT-bench), on the tokens of an engine dump (`features` a file, docs/engine-dumps.md), or
     on the tokens of a trainer's feature cache's first `limit` samples (`features` a folder,
     `data_format` or detected; each cut after `max_new_tokens` answer tokens: eyas.doctor.caches), whose
     first sample is also matched against the target's states. Up to 4x as many prompts or samples
-    where positions and answers disagree (`_settled`). Without the target's full weights (a cache
-    judged by the target's final norm and lm_head alone) the draft is measured on the cache as
-    stored (`cache_measured`). The target runs on `device` (default cpu). `capture` (from `collect`)
-    reuses recorded states across calls (its target is used; `target` and `prompts` are then
-    ignored, and so are its states where `features` is a cache). Returns the JSON
+    where positions and answers disagree (`_settled`). `limit` None is DEFAULT_LIMIT, asked for by no one: a
+    file or cache shorter than a `limit` given is warned about, not one shorter than the default. Without the
+    target's full weights (a cache judged by the target's final norm and lm_head alone) the draft is
+    measured on the cache as stored (`cache_measured`). The target runs on `device` (default cpu).
+    `capture` (from `collect`) reuses recorded states across calls (its target is used; `target` and
+    `prompts` are then ignored, and so are its states where `features` is a cache). Returns the JSON
     report: `verdict` ("ok" | "faulty"), `findings` (most likely first: {fault, title, evidence, fix,
     codes, acceptance_before, acceptance_after, tau_before, tau_after, source, ...}), `trained_for`,
     `static`, `hazards`, `consumers`, `measured`, `dump`, `notes`, `seconds`.
