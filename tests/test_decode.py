@@ -40,7 +40,7 @@ from eyas.decode import (
 from eyas.drafter import DraftCache, Drafter
 from eyas.errors import ContractError, EyasError
 from eyas.target import Chat, Target
-from eyas.target_ref import decode_context, longrope_length
+from eyas.target_ref import decode_context, longrope_length, sliding_window
 
 GREEDY_TARGET = dict(  # the shapes of conftest's tiny draft contract: hidden 64, vocab 256, 6 layers
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
@@ -273,6 +273,50 @@ def test_a_longrope_target_is_decoded_within_its_original_length(tmp_path):
             "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}}
     assert longrope_length(phi3) == decode_context(phi3) == 4096
     assert decode_context({"max_position_embeddings": 512, "rope_scaling": {"rope_type": "llama3"}}) == 512
+
+
+@pytest.mark.parametrize("family", ["phi3", "mistral", "qwen2"])
+def test_a_sliding_window_target_is_decoded_within_its_window(tmp_path, family):
+    """transformers gives a sliding-window target (Phi-3's published configs: 2047; Mistral v0.1: 4096) a cache
+    that drops keys past the window, which eyas cannot trim: every such target was refused. Within the window
+    every key is in every query's window, so eyas decodes there with a full cache, token for token as
+    transformers' generate, and refuses a longer answer in one line."""
+    import transformers
+
+    window, config = 24, {**GREEDY_TARGET, "max_position_embeddings": 128}
+    extra = {"phi3": {"sliding_window": window}, "mistral": {"sliding_window": window},
+             "qwen2": {"sliding_window": window, "use_sliding_window": True, "max_window_layers": 3}}[family]
+    cls = {"phi3": "Phi3", "mistral": "Mistral", "qwen2": "Qwen2"}[family]
+    torch.manual_seed(0)
+    getattr(transformers, f"{cls}ForCausalLM")(getattr(transformers, f"{cls}Config")(
+        **config, **extra, initializer_range=0.3, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None)).save_pretrained(tmp_path)
+    target = Target.load(tmp_path)
+    assert sliding_window(target.config.to_dict()) == window and target.context == 128  # capture keeps it all
+    drafter = cheat_drafter(target, tiny_contract(draft_vocab_size=256))
+    for i in range(2):
+        prompt = torch.randint(0, 256, (1, 8 + i), generator=torch.Generator().manual_seed(i))
+        new = window - prompt.shape[1]
+        ref = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                    max_new_tokens=new, pad_token_id=0)
+        drafter.arm(int(prompt[0, 0]), greedy_oracle(ref), hit=0.7, seed=i)
+        for shape in ({"draft_tokens": 6}, {"tree": (6, 3, 12)}, {"draft_tokens": 0}):
+            out, _ = generate(target, None if shape == {"draft_tokens": 0} else drafter, prompt, max_new_tokens=new,
+                              **({} if shape == {"draft_tokens": 0} else shape))
+            assert out.tolist() == ref.tolist(), (i, shape)
+        with pytest.raises(EyasError, match=rf"context is {window} \(its sliding window: eyas decodes within it\)"):
+            generate(target, drafter, prompt, max_new_tokens=new + 1, draft_tokens=6)
+    from argparse import Namespace
+
+    from eyas.cli import preflight
+
+    with pytest.raises(EyasError, match=rf"context of {window} tokens \(its sliding window"):  # before loading
+        preflight.answer_room(Namespace(command="generate", target=str(tmp_path), max_new_tokens=window))
+    preflight.answer_room(Namespace(command="capture", target=str(tmp_path), max_new_tokens=window))  # generate's
+    assert sliding_window({"sliding_window": 4096}) == 4096  # Mistral v0.1's config.json: every layer
+    assert sliding_window({"sliding_window": 32768, "use_sliding_window": False}) is None  # Qwen2's, switched off
+    assert sliding_window({"sliding_window": 64, "layer_types": ["full_attention"] * 2}) is None
+    assert sliding_window({"sliding_window": 64, "layer_types": ["linear_attention", "sliding_attention"]}) is None
 
 
 def test_a_tree_wider_than_its_budget_drafts_the_budget_s_width():

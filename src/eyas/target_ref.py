@@ -329,6 +329,21 @@ def longrope_length(text: Mapping[str, Any]) -> int | None:
     return length if isinstance(length, int) and length > 0 else None
 
 
+def sliding_window(text: Mapping[str, Any]) -> int | None:
+    """The window a target attends through in some layer, as transformers reads its config (`layer_types` where
+    it has them, else every layer where `sliding_window` is set: Phi-3's 2047, Mistral v0.1's 4096), or None;
+    None too for a model whose layers are other kinds still (linear attention, Mamba: their caches are their own).
+    eyas decodes such a target within the window, with a full cache it can trim (`eyas.decode.verify.prefill`):
+    there every key is in every query's window, so full and sliding attention agree."""
+    window, kinds = text.get("sliding_window"), text.get("layer_types")
+    if not isinstance(window, int) or window <= 0 or text.get("use_sliding_window") is False:
+        return None
+    if isinstance(kinds, list) and ("sliding_attention" not in kinds or set(kinds) - {"full_attention",
+                                                                                    "sliding_attention"}):
+        return None
+    return window
+
+
 def decode_context(text: Mapping[str, Any], context: int | None = None) -> int | None:
     """The longest sequence eyas decodes the target of config `text` in: its max_position_embeddings (`context`
     where a config object read it through an alias), or for longrope the shorter original length."""
@@ -336,6 +351,17 @@ def decode_context(text: Mapping[str, Any], context: int | None = None) -> int |
         context = text.get("max_position_embeddings") if isinstance(text.get("max_position_embeddings"), int) else None
     original = longrope_length(text)
     return context if original is None else min(original, context or original)
+
+
+def decode_bound(text: Mapping[str, Any], context: int | None = None, *, loop: bool = True) -> tuple[int | None, str]:
+    """The longest sequence eyas decodes the target of config `text` in (`decode_context`; with `loop`, eyas's own
+    decoding loop, within a sliding window too: `sliding_window`), and why, where it is shorter than the
+    target's max_position_embeddings (`context`): a few words for an error, else ""."""
+    bound = decode_context(text, context)
+    window = sliding_window(text) if loop else None
+    if window is not None and (bound is None or window < bound):
+        return window, " (its sliding window: eyas decodes within it)"
+    return bound, "" if longrope_length(text) is None else " (longrope: its original length)"
 
 
 def _llama_style(parent: str) -> bool:

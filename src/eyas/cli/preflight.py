@@ -127,13 +127,13 @@ def answers_prompts(a: argparse.Namespace) -> bool:
 def answer_room(args: argparse.Namespace) -> None:
     """--max-new-tokens below the target's context: a prompt (a token at least) and its answer must fit,
     so an answer as long as the context is refused from the config, not after the weights load."""
-    from eyas.target_ref import decode_context  # a longrope target's: its original length
+    from eyas.target_ref import decode_bound  # longrope: its original length; eyas's decoding: a sliding window
 
     value, config = getattr(args, "max_new_tokens", None), _target_config(args)
-    bound = None if config is None else decode_context(config)
+    bound, why = (None, "") if config is None else decode_bound(config, loop=args.command in ("generate", "bench"))
     if isinstance(bound, int) and value is not None and value >= bound:
-        raise EyasError(f"--max-new-tokens {value}: not below the target's context of {bound} tokens (the prompt "
-                        "and its answer must fit it)",
+        raise EyasError(f"--max-new-tokens {value}: not below the target's context of {bound} tokens{why} (the "
+                        "prompt and its answer must fit it)",
                         f"answer fewer tokens (e.g. --max-new-tokens {min(256, bound // 2)})")
 
 

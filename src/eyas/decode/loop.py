@@ -26,6 +26,7 @@ from eyas.devices import synchronize
 from eyas.drafter import Drafter
 from eyas.errors import EyasError
 from eyas.target import Target, check_fits
+from eyas.target_ref import decode_bound
 
 DEFAULT_DRAFT_TOKENS = 4  # chain length when a drafter is given without draft_tokens or tree
 
@@ -92,13 +93,12 @@ def _draft_plan(
 def _check_request(target: Target, prompt_len: int, max_new_tokens: int, temperature, top_p, top_k) -> None:
     if max_new_tokens < 1:
         raise EyasError(f"max_new_tokens={max_new_tokens}: nothing to generate", "pass max_new_tokens >= 1")
-    context = target.context  # a longrope target's is its original length: past it, its rotary factors change
-    longrope = context != getattr(target.config, "max_position_embeddings", None)
+    # longrope: its original length (past it, its rotary factors change); a sliding window (its cache drops keys)
+    context, why = decode_bound(target.config.to_dict(), getattr(target.config, "max_position_embeddings", None))
     if context is not None and prompt_len + max_new_tokens > context:
         raise EyasError(
             f"the prompt has {prompt_len} tokens and max_new_tokens is {max_new_tokens}: "
-            f"{prompt_len + max_new_tokens} positions, but the target's context is {context}"
-            + (" (longrope: its original length)" if longrope else ""),
+            f"{prompt_len + max_new_tokens} positions, but the target's context is {context}{why}",
             f"shorten the prompt to at most {context - max_new_tokens} tokens or lower max_new_tokens",
         )
     if not temperature >= 0 or not 0 < top_p <= 1 or top_k < 0:  # NaN fails each: it sampled greedily

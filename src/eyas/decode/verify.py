@@ -13,12 +13,14 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from eyas.decode.lean_forward import LeanTarget, lean_target
 from eyas.decode.static_cache import StaticKV
 from eyas.decode.tree import DraftTree, tree_ancestors, tree_attention_mask
 from eyas.errors import EyasError
 from eyas.target import Target, TargetOutput
+from eyas.target_ref import sliding_window
 
 
 def decoder(target: Target) -> Target | LeanTarget:
@@ -33,8 +35,9 @@ def prefill(model: Target | LeanTarget, prompt: Tensor, capture: Sequence[int], 
     if isinstance(model, LeanTarget):
         positions = torch.arange(prompt.shape[1], device=prompt.device)[None]
         out = model.forward(prompt, positions, model.new_cache(max_len), capture, logit_rows=slice(-1, None))
-    else:
-        out = model.forward(prompt, capture)
+    else:  # a sliding-window target's own cache drops keys past the window: a full one eyas can trim instead
+        full = DynamicCache() if sliding_window(model.config.to_dict()) is not None else None
+        out = model.forward(prompt, capture, past_key_values=full)
         check_cache(out.past_key_values)
         out.logits = out.logits[:, -1:]
     # NaN's argmax is token 0 (an answer of nothing, exit 0); an inf is refused too: logits overflow only
@@ -83,7 +86,8 @@ def keep_accepted_kv(cache, n: int, nodes: list[int]) -> None:
 
 
 def check_cache(cache) -> None:
-    """keep_accepted_kv edits DynamicLayer keys/values; sliding-window or quantized layers differ."""
+    """keep_accepted_kv edits DynamicLayer keys/values; other layers (linear attention's, Mamba's, quantized
+    ones) differ. A sliding-window target gets a full cache from `prefill`."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
@@ -92,5 +96,6 @@ def check_cache(cache) -> None:
         raise EyasError(
             f"the target's KV cache has layers {kinds or [type(cache).__name__]}; speculative decoding "
             "needs full-attention DynamicLayer caches to drop rejected draft tokens",
-            "use a target without sliding-window attention",
+            "eyas decodes targets whose layers are full or sliding-window attention (measure this one's captured "
+            "features with eyas eval --data)",
         )
