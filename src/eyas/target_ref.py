@@ -209,11 +209,14 @@ class TargetRef:
         if name == "lm_head.weight" and self.tied_embeddings():
             name = "embed_tokens.weight"
         llama = HF_NAMES.get(name)
-        if llama is None or llama in self.tensor_names():
-            return llama or name
+        return name if llama is None else self._stored(llama) or llama
+
+    def _stored(self, llama: str) -> str | None:
+        """`llama` (an HF_NAMES value) as the files hold it: under Llama's name, else under a multimodal target's
+        language model (LANGUAGE_MODEL); None where they hold it under neither."""
         outer = "model." if llama.startswith("model.") else ""
-        inner = (prefix + llama.removeprefix(outer) for prefix in LANGUAGE_MODEL[outer])
-        return next((n for n in inner if n in self.tensor_names()), llama)
+        names = (llama, *(prefix + llama.removeprefix(outer) for prefix in LANGUAGE_MODEL[outer]))
+        return next((n for n in names if n in self.tensor_names()), None)
 
     def model_types(self) -> set[str]:
         """The config's model_type and its language model's (a multimodal target's text_config)."""
@@ -251,8 +254,7 @@ class TargetRef:
         said = self.text_config.get("tie_word_embeddings", self.config.get("tie_word_embeddings"))
         if isinstance(said, bool):
             return said
-        heads = [prefix + HF_NAMES["lm_head.weight"] for prefix in ("", *LANGUAGE_MODEL[""])]
-        return not self.tensor_names() & set(heads)
+        return self._stored(HF_NAMES["lm_head.weight"]) is None
 
     def tensor_names(self) -> frozenset[str]:
         """Every tensor name the target's weights hold (from the index or headers: no data read; once)."""
@@ -357,11 +359,11 @@ def decode_bound(text: Mapping[str, Any], context: int | None = None, *, loop: b
     """The longest sequence eyas decodes the target of config `text` in (`decode_context`; with `loop`, eyas's own
     decoding loop, within a sliding window too: `sliding_window`), and why, where it is shorter than the
     target's max_position_embeddings (`context`): a few words for an error, else ""."""
-    bound = decode_context(text, context)
+    bound, plain = decode_context(text, context), context or text.get("max_position_embeddings")
     window = sliding_window(text) if loop else None
     if window is not None and (bound is None or window < bound):
         return window, " (its sliding window: eyas decodes within it)"
-    return bound, "" if longrope_length(text) is None else " (longrope: its original length)"
+    return bound, "" if bound == plain else " (longrope: its original length)"
 
 
 def _llama_style(parent: str) -> bool:
