@@ -335,8 +335,8 @@ def sliding_window(text: Mapping[str, Any]) -> int | None:
     """The window a target attends through in some layer, as transformers reads its config (`layer_types` where
     it has them, else every layer where `sliding_window` is set: Phi-3's 2047, Mistral v0.1's 4096), or None;
     None too for a model whose layers are other kinds still (linear attention, Mamba: their caches are their own).
-    eyas decodes such a target within the window, with a full cache it can trim (`eyas.decode.verify.prefill`):
-    there every key is in every query's window, so full and sliding attention agree."""
+    eyas decodes such a target with a full cache it can trim (`eyas.decode.verify.prefill`) and the window in its
+    masks (`eyas.decode.verify._tree_masks`)."""
     window, kinds = text.get("sliding_window"), text.get("layer_types")
     if not isinstance(window, int) or window <= 0 or text.get("use_sliding_window") is False:
         return None
@@ -355,14 +355,10 @@ def decode_context(text: Mapping[str, Any], context: int | None = None) -> int |
     return context if original is None else min(original, context or original)
 
 
-def decode_bound(text: Mapping[str, Any], context: int | None = None, *, loop: bool = True) -> tuple[int | None, str]:
-    """The longest sequence eyas decodes the target of config `text` in (`decode_context`; with `loop`, eyas's own
-    decoding loop, within a sliding window too: `sliding_window`), and why, where it is shorter than the
-    target's max_position_embeddings (`context`): a few words for an error, else ""."""
+def decode_bound(text: Mapping[str, Any], context: int | None = None) -> tuple[int | None, str]:
+    """The longest sequence eyas decodes the target of config `text` in (`decode_context`), and why, where it is
+    shorter than the target's max_position_embeddings (`context`): a few words for an error, else ""."""
     bound, plain = decode_context(text, context), context or text.get("max_position_embeddings")
-    window = sliding_window(text) if loop else None
-    if window is not None and (bound is None or window < bound):
-        return window, " (its sliding window: eyas decodes within it)"
     return bound, "" if bound == plain else " (longrope: its original length)"
 
 

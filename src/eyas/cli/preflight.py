@@ -127,10 +127,10 @@ def answers_prompts(a: argparse.Namespace) -> bool:
 def answer_room(args: argparse.Namespace) -> None:
     """--max-new-tokens below the target's context: a prompt (a token at least) and its answer must fit,
     so an answer as long as the context is refused from the config, not after the weights load."""
-    from eyas.target_ref import decode_bound  # longrope: its original length; eyas's decoding: a sliding window
+    from eyas.target_ref import decode_bound  # longrope: its original length
 
     value, config = getattr(args, "max_new_tokens", None), _target_config(args)
-    bound, why = (None, "") if config is None else decode_bound(config, loop=args.command in ("generate", "bench"))
+    bound, why = (None, "") if config is None else decode_bound(config)
     if isinstance(bound, int) and value is not None and value >= bound:
         raise EyasError(f"--max-new-tokens {value}: not below the target's context of {bound} tokens{why} (the "
                         "prompt and its answer must fit it)",

@@ -93,7 +93,7 @@ def _draft_plan(
 def _check_request(target: Target, prompt_len: int, max_new_tokens: int, temperature, top_p, top_k) -> None:
     if max_new_tokens < 1:
         raise EyasError(f"max_new_tokens={max_new_tokens}: nothing to generate", "pass max_new_tokens >= 1")
-    # longrope: its original length (past it, its rotary factors change); a sliding window (its cache drops keys)
+    # longrope: its original length (past it, its rotary factors change)
     context, why = decode_bound(target.config.to_dict(), getattr(target.config, "max_position_embeddings", None))
     if context is not None and prompt_len + max_new_tokens > context:
         raise EyasError(

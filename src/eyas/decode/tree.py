@@ -50,10 +50,16 @@ def tree_ancestors(tree: DraftTree) -> Tensor:
     return ancestors
 
 
-def tree_attention_mask(tree: DraftTree, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+def tree_attention_mask(tree: DraftTree, n: int, dtype: torch.dtype, device: torch.device,
+                        window: int | None = None) -> Tensor:
     """Additive mask [1, 1, N+1, n+N+1]: node i sees the n cached positions and its ancestors (itself
-    included); -inf (dtype min) elsewhere. The verify forward's queries are the tree nodes."""
+    included); -inf (dtype min) elsewhere. The verify forward's queries are the tree nodes. With a sliding
+    `window`, a node at position p sees only keys at positions past p - window (transformers' overlay)."""
     ancestors = tree_ancestors(tree)
     allowed = torch.cat([torch.ones(len(tree.parents), n, dtype=torch.bool), ancestors], dim=1)
+    if window is not None:
+        queries = n + torch.tensor(tree.depths)
+        keys = torch.cat([torch.arange(n), queries])
+        allowed &= keys[None, :] > queries[:, None] - window
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)

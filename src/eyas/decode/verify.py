@@ -35,7 +35,8 @@ def prefill(model: Target | LeanTarget, prompt: Tensor, capture: Sequence[int], 
     if isinstance(model, LeanTarget):
         positions = torch.arange(prompt.shape[1], device=prompt.device)[None]
         out = model.forward(prompt, positions, model.new_cache(max_len), capture, logit_rows=slice(-1, None))
-    else:  # a sliding-window target's own cache drops keys past the window: a full one eyas can trim instead
+    else:  # a sliding-window target's own cache drops keys past the window: a full one eyas can trim instead,
+        # the window kept by the masks (transformers' own for chains, `_tree_masks` for trees)
         full = DynamicCache() if sliding_window(model.config.to_dict()) is not None else None
         out = model.forward(prompt, capture, past_key_values=full)
         check_cache(out.past_key_values)
@@ -60,8 +61,24 @@ def verify(model: Target | LeanTarget, tree: DraftTree, cache, n: int, capture: 
             ancestors = tree_ancestors(tree).to(ids.device)
             mask = torch.cat([ancestors.new_ones(len(tree.parents), n), ancestors], dim=1)
         return model.forward(ids, positions, cache, capture, mask=mask)
-    mask = None if tree.is_chain else tree_attention_mask(tree, n, model.model.dtype, ids.device)
+    mask = None if tree.is_chain else _tree_masks(model, tree, n)
     return model.forward(ids, capture, past_key_values=cache, attention_mask=mask, position_ids=positions)
+
+
+def _tree_masks(model: Target, tree: DraftTree, n: int) -> Tensor | dict[str, Tensor]:
+    """A tree's mask as transformers' forward takes it: one 4D mask for every layer, or, for a target whose
+    layers differ in kind (Qwen2 with `max_window_layers`, gpt-oss, Gemma 3), one per `layer_types` kind, the
+    sliding layers' with the window applied: a prepared mask bypasses transformers' own, window and all.
+    (A chain needs none: transformers builds the causal and sliding masks from its positions.)"""
+    config, dtype, device = model.config, model.model.dtype, tree.tokens.device
+    window = sliding_window(config.to_dict())
+    if window is None:
+        return tree_attention_mask(tree, n, dtype, device)
+    kinds = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+    if kinds == {"sliding_attention"}:
+        return tree_attention_mask(tree, n, dtype, device, window)
+    return {"full_attention": tree_attention_mask(tree, n, dtype, device),
+            "sliding_attention": tree_attention_mask(tree, n, dtype, device, window)}
 
 
 def keep_accepted_kv(cache, n: int, nodes: list[int]) -> None:
