@@ -590,3 +590,44 @@ def test_a_prompt_too_long_for_the_target_is_refused_before_the_dtype_timing_and
     save_file({"input_ids": torch.arange(8), "features": torch.randn(8, 3 * hidden)}, dump)
     refused(capsys, ["doctor", d, "--target", t, "--features", dump, "--prompts", prompts, "--max-new-tokens", 4],
             "long.txt line 2:")
+
+
+@pytest.fixture(scope="module")
+def hybrid_target(world) -> Path:
+    """The tiny target's tokenizer beside a tiny Qwen3-Next: three linear-attention layers, one full."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    folder = world["root"] / "qwen3-next"
+    folder.mkdir()
+    for f in world["target"].iterdir():
+        if f.name != "model.safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    torch.manual_seed(0)
+    Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_value_heads=2,
+        linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, tie_word_embeddings=False,
+    )).save_pretrained(folder)
+    return folder
+
+
+def test_a_target_whose_cache_eyas_cannot_trim_is_refused_before_it_loads(world, hybrid_target, capsys, no_loading):
+    """Linear attention's state (Qwen3-Next, Jamba, Mamba) cannot be cut back to the accepted tokens: generate
+    and bench refused such a target only after loading it (minutes, for the 80B one); now from its config, as
+    transformers reads its layer kinds. Capture and eval run it through transformers and go on."""
+    for verb in (["generate", world["draft"], "--prompt", "hi"], ["bench", world["draft"]]):
+        line = refused(capsys, [*verb, "--target", hybrid_target], "its layers include linear_attention",
+                       "(model_type 'qwen3_next')")
+        assert "full or sliding-window attention" in line
+    preflight.check(build_parser().parse_args(["eval", str(world["draft"]), "--target", str(hybrid_target),
+                                               "--prompts", str(world["prompts"])]))
+
+
+def test_the_loaded_hybrid_target_is_refused_in_one_line_too(hybrid_target):
+    """The library's own check, after the load, for callers who skip the command line."""
+    from eyas.decode import generate
+    from eyas.target import Target
+
+    with pytest.raises(EyasError, match=r"\['DynamicLayer', 'LinearAttentionLayer'\]"):
+        generate(Target.load(hybrid_target), None, torch.tensor([[1, 2, 3]]), max_new_tokens=4)

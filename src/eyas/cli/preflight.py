@@ -240,8 +240,7 @@ def existing(path: str | Path, flag: str) -> Path:
 
 
 def capture_folder(path: str | Path, flag: str, data_format: str | None = None) -> None:
-    """A folder of stored features: an eyas capture is checked down to its shards' headers; another
-    trainer's cache (eyas.data.caches) only has to exist here, its reader checks the rest."""
+    """A feature folder: an eyas capture down to its shards' headers; another trainer's cache only exists here."""
     from eyas.data.shards import MANIFEST, check_capture
 
     path = existing(path, flag)
@@ -250,8 +249,7 @@ def capture_folder(path: str | Path, flag: str, data_format: str | None = None) 
 
 
 def sampled_cache(path: str | Path, data_format: str | None, target_spec: str | None) -> None:
-    """`eval --temperature` on stored data: refused here, before the draft and the target's head
-    load, where the cache stores no last hidden state or the target's logits are not lm_head's."""
+    """`eval --temperature` on a cache with no last hidden state, or a target whose logits are not lm_head's."""
     from eyas.data.caches import open_cache
     from eyas.sampled import require_sampleable
     from eyas.target_ref import TargetRef
@@ -260,8 +258,7 @@ def sampled_cache(path: str | Path, data_format: str | None, target_spec: str | 
 
 
 def dump_file(path: str | Path, target: str | None, flag: str = "--features") -> None:
-    """An engine dump read in full: its shapes and numbers, and (with --target) its ids and width
-    against that target's config (the embedded default's are checked once it is loaded)."""
+    """An engine dump read in full, its ids and width held against --target's config (the default's: loaded)."""
     from eyas.data.dumps import read_dump
     from eyas.embedded import is_default
     from eyas.target import TargetRef
@@ -424,6 +421,9 @@ def _decoding(a: argparse.Namespace) -> None:
     target(a, weights=True)
     draft_room(a, {"--draft-tokens": a.draft_tokens, "--tree depth": shape[0], "--tree budget": shape[2]},
                {"--tree top_k": shape[1]})
+    if (ref := _target_ref(a)) and (why := ref.undecodable()):  # linear attention, Mamba: before the load
+        raise EyasError(f"--target {a.target}: {why}", "measure the draft on captured features: eyas eval DRAFTER "
+                        "--target T --data CACHE (SpecForge's, speculators' or eyas capture's)")
 
 
 def _generate(a: argparse.Namespace) -> None:
