@@ -80,14 +80,14 @@ class Target:
     def __init__(self, model, tokenizer, path: Path, name: str):
         self.model = model.eval()
         self.tokenizer = tokenizer  # None when the folder ships no tokenizer
-        self.config = model.config
+        self.config = model.config.get_text_config(decoder=True)  # a multimodal target's: its language model's
         self.path = path
         self.name = name
         self.num_layers: int = self.config.num_hidden_layers
         self.hidden_size: int = self.config.hidden_size
         self.vocab_size: int = self.config.vocab_size
-        self._decoder = model.base_model  # LlamaModel, Qwen3Model, ...: embed_tokens, layers, norm
-        if not (hasattr(self._decoder, "layers") and hasattr(self._decoder, "norm")):
+        self.decoder = _text_decoder(model)  # LlamaModel, Qwen3Model, ...: embed_tokens, layers, norm
+        if self.decoder is None:
             raise FormatError(
                 f"target {path}: {type(model).__name__} has no decoder `layers` and final `norm`",
                 "use a Llama-style decoder-only model (Llama, Qwen2/3, Mistral, ...)",
@@ -163,10 +163,10 @@ class Target:
             return hook
 
         # index k < N: the input of decoder layer k; index N: the input of the final norm
-        modules = {k: self._decoder.layers[k] if k < self.num_layers else self._decoder.norm for k in set(layers)}
+        modules = {k: self.decoder.layers[k] if k < self.num_layers else self.decoder.norm for k in set(layers)}
         hooks = [m.register_forward_pre_hook(recorder(k), with_kwargs=True) for k, m in modules.items()]
         try:
-            out = self._decoder(
+            out = self.decoder(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
@@ -184,6 +184,18 @@ class Target:
             features = last.new_empty(*last.shape[:2], 0)
         logits = self.model.get_output_embeddings()(last) if with_logits else None  # [B, T, V]
         return TargetOutput(features, last, logits, out.past_key_values)
+
+
+def _text_decoder(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module holding embed_tokens, the decoder layers and the final norm: the base model (LlamaModel,
+    Qwen3Model), or a multimodal target's language model (Gemma 3's and Mistral 3's `model.language_model`,
+    Llama 4's `language_model.model`), which runs alone on text: eyas never feeds it images."""
+    base, language = model.base_model, getattr(model, "language_model", None)
+    for found in (base, getattr(base, "language_model", None), getattr(model, "model", None), language,
+                  getattr(language, "model", None)):
+        if found is not None and hasattr(found, "layers") and hasattr(found, "norm"):
+            return found
+    return None
 
 
 _TOKENIZERS: dict[str, tuple[tuple, Any]] = {}  # folder -> (its files' stamps, its tokenizer), the latest read
@@ -231,11 +243,10 @@ def _from_pretrained(ref: TargetRef, placement: dict) -> torch.nn.Module:
     truncated weights) or would fill tensors the files lack with random ones: a target missing a layer
     still answers, fluently and wrongly, and every feature captured from it is wrong."""
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
 
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(ref.path, dtype=ref.dtype, local_files_only=True,
-                                                           output_loading_info=True, **placement)
+        model, info = _auto_class(ref).from_pretrained(ref.path, dtype=ref.dtype, local_files_only=True,
+                                                       output_loading_info=True, **placement)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, ArithmeticError, RuntimeError,
             SafetensorError) as e:
         why = (str(e).strip().splitlines() or [""])[0][:300]
@@ -249,6 +260,18 @@ def _from_pretrained(ref: TargetRef, placement: dict) -> torch.nn.Module:
                           "fill them with random weights", "point --target at the complete model folder (every "
                           "shard the index names), with the config.json its weights were saved with")
     return model
+
+
+def _auto_class(ref: TargetRef) -> type:
+    """transformers' class for the target: a causal LM's, or for a multimodal target (a `vision_config` beside its
+    `text_config`: Gemma 3, Mistral 3, Llama 4, Qwen2.5-VL) the image-text one, which its weights were saved
+    from, so every tensor loads where it was written (no "unexpected" vision tower) and models with no causal-LM
+    class (Mistral 3, Qwen2.5-VL) load at all. eyas runs its language model on text (`_text_decoder`)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IMAGE_TEXT
+
+    multimodal = "vision_config" in ref.config and ref.config.get("model_type") in IMAGE_TEXT
+    return AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
 
 
 def _placement(ref: TargetRef, asked: str | torch.device | None) -> dict:

@@ -249,12 +249,27 @@ class TargetRef:
         """lm_head shares embed_tokens: as config.json says, else when the weights hold no lm_head.
 
         The weights decide when the config is silent, because the default differs by model class
-        and reading it would need the class (transformers' AutoConfig; custom ones run code).
+        and reading it would need the class (transformers' AutoConfig; custom ones run code). A multimodal
+        target is tied as its outer config says, which transformers reads with its class's defaults and
+        rules (Gemma 3's and Mistral 3's classes tie by default whatever `text_config` says): that class.
         """
-        said = self.text_config.get("tie_word_embeddings", self.config.get("tie_word_embeddings"))
+        outer = self._transformers_config() if self.text_config is not self.config else None
+        said = getattr(outer, "tie_word_embeddings", None)  # None: not multimodal, or no class for it
+        if not isinstance(said, bool):
+            said = self.text_config.get("tie_word_embeddings", self.config.get("tie_word_embeddings"))
         if isinstance(said, bool):
             return said
         return self._stored(HF_NAMES["lm_head.weight"]) is None
+
+    def _transformers_config(self) -> Any:
+        """config.json as transformers' class for it reads it, defaults and compatibility rules applied; None
+        where transformers has no class for it (the checkpoint's own would run its code) or cannot read it."""
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(self.folder, trust_remote_code=False)
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+            return None
 
     def tensor_names(self) -> frozenset[str]:
         """Every tensor name the target's weights hold (from the index or headers: no data read; once)."""
@@ -316,13 +331,12 @@ class TargetRef:
         convolutions', chunked attention's). `eyas.decode.verify.check_cache` says it after the load; this says
         it from config.json, before minutes of loading. None too where transformers cannot read the config
         without code from the checkpoint (the load says why)."""
-        from transformers import AutoConfig
         from transformers.cache_utils import get_layer_types_and_kwargs
 
+        config = self._transformers_config()
         try:
-            config = AutoConfig.from_pretrained(self.folder, trust_remote_code=False)
             kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # None too
             return None
         other = sorted(set(kinds) - {"full_attention", "sliding_attention"})
         return (f"its layers include {', '.join(other)} (model_type {config.model_type!r}): eyas decodes targets "

@@ -345,7 +345,7 @@ def _forward(target: Target, seqs: list[list[int]], layers: list[int]) -> list[t
     ids = torch.full((len(seqs), T), pad_id(target), dtype=torch.long)
     for b, s in enumerate(seqs):
         ids[b, : len(s)] = torch.tensor(s)
-    decoder = target.model.base_model
+    decoder = target.decoder
     packed = target.model.device.type == "cpu" and room_for_a_copy(decoder, made=is_packed(decoder))
     with packed_linears(decoder) if packed else nullcontext():
         out = target.forward(ids.to(target.model.device), layers, with_logits=False)

@@ -73,7 +73,7 @@ def unsupported(target: Target) -> str | None:
         return "a sliding attention window"
     if any(t != "full_attention" for t in getattr(c, "layer_types", None) or ()):
         return "sliding-window layers"
-    if not hasattr(target.model.base_model, "rotary_emb"):
+    if not hasattr(target.decoder, "rotary_emb"):
         return "no shared rotary embedding module"
     if len({p.device for p in target.model.parameters()}) > 1:
         return "weights spread over several devices (transformers' forward moves the states between them)"
@@ -91,7 +91,7 @@ class LeanTarget:
 
     def __init__(self, target: Target):
         self.weights_id = _weights_id(target)
-        decoder = target.model.base_model
+        decoder = target.decoder
         self.embed = decoder.embed_tokens
         self.rotary = decoder.rotary_emb
         self.norm = _norm(decoder.norm)

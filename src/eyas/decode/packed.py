@@ -102,7 +102,13 @@ def _packed(linear: nn.Linear) -> PackedLinear:
 
 def is_packed(module: nn.Module) -> bool:
     """Whether every nn.Linear of `module` has its packed copy already (`packed_linears` makes none)."""
-    return all(m in _PACKED and _PACKED[m][0] == _stamp(m) for m in module.modules() if isinstance(m, nn.Linear))
+    return all(m in _PACKED and _PACKED[m][0] == _stamp(m) for m in module.modules() if _plain(m))
+
+
+def _plain(m: nn.Module) -> bool:
+    """An nn.Linear that computes x @ W.T + b: a subclass with its own forward (Llama 4's router returns
+    scores and logits) is not one, and packing it would replace what it computes."""
+    return isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward
 
 
 @contextmanager
@@ -110,7 +116,7 @@ def packed_linears(module: nn.Module) -> Iterator[None]:
     """Inside: every nn.Linear of `module` runs packed (no gradients; inference only). The layers
     are put back on exit; the packed copies are kept for the next call until a weight changes."""
     swapped = [(parent, name, child) for parent in module.modules()
-               for name, child in parent.named_children() if isinstance(child, nn.Linear)]
+               for name, child in parent.named_children() if _plain(child)]
     try:
         for parent, name, child in swapped:
             setattr(parent, name, _PackedModule(child, _packed(child)))

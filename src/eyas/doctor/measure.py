@@ -52,7 +52,7 @@ class Measurer:
         self.N, self.H = tgt.num_layers, tgt.hidden_size
         self.lm_head = tgt.model.get_output_embeddings().weight.detach().float()  # [V, H]
         self.embed = tgt.model.get_input_embeddings().weight.detach().float()  # [V, H]
-        decoder = tgt.model.base_model
+        decoder = tgt.decoder
         eps = getattr(tgt.config, "rms_norm_eps", 1e-6)
         self.final_norm = _norm(decoder.norm.weight, eps)
         self.input_norms = [_norm(layer.input_layernorm.weight, eps) for layer in decoder.layers]
