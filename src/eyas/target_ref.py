@@ -336,7 +336,7 @@ class TargetRef:
         config = self._transformers_config()
         try:
             kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-        except (ValueError, KeyError, TypeError, AttributeError):  # None too
+        except (ValueError, KeyError, TypeError, AttributeError):  # config None: transformers has no class for it
             return None
         other = sorted(set(kinds) - {"full_attention", "sliding_attention"})
         return (f"its layers include {', '.join(other)} (model_type {config.model_type!r}): eyas decodes targets "
