@@ -153,6 +153,18 @@ def test_a_target_of_another_family_is_named_so_not_called_damaged():
         contract_for_target(gpt2)
 
 
+def test_a_draft_for_an_mla_target_splits_the_hidden_state_into_its_heads():
+    """transformers writes DeepSeek-V3's `head_dim` as its rotary part (qk_rope_head_dim 64): mirrored, a draft
+    for the 671B target had 128 heads of 64 (its published config.json, without head_dim, gave 56)."""
+    from eyas.contract import contract_for_target
+
+    v3 = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 129280,
+          "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432, "kv_lora_rank": 512,
+          "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+    assert contract_for_target(v3).head_dim == contract_for_target({**v3, "head_dim": 64}).head_dim == 56
+    assert contract_for_target({**v3, "kv_lora_rank": None, "head_dim": 64}).head_dim == 64  # GQA keeps its own
+
+
 _LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
              "original_max_position_embeddings": 256}
 

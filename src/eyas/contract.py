@@ -345,7 +345,9 @@ def contract_for_target(
         hidden_size=H,
         num_attention_heads=heads,
         num_key_value_heads=text.get("num_key_value_heads") or heads,
-        head_dim=text.get("head_dim") or H // heads,
+        # MLA (DeepSeek-V2/V3, Kimi-K2): `head_dim`, where transformers writes it, is the rotary part of a query
+        # head, not an attention head's width: the draft's heads split the hidden state (R1's published draft)
+        head_dim=H // heads if text.get("kv_lora_rank") else text.get("head_dim") or H // heads,
         intermediate_size=target_size(where, text, "intermediate_size"),
         vocab_size=V,
         draft_vocab_size=vd,
