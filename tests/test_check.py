@@ -165,6 +165,21 @@ def test_a_draft_for_an_mla_target_splits_the_hidden_state_into_its_heads():
     assert contract_for_target({**v3, "kv_lora_rank": None, "head_dim": 64}).head_dim == 64  # GQA keeps its own
 
 
+def test_a_draft_for_a_longrope_target_turns_plain_rope():
+    """Phi-3 and Phi-4-mini rotate with longrope, which eyas's drafter does not run: init refused every draft for
+    them ("rope_scaling type 'longrope' is not supported"). The draft's rope is its own: plain, at their theta."""
+    from eyas.contract import contract_for_target
+    from eyas.rope import rope_parameters
+
+    phi = {"model_type": "phi3", "num_hidden_layers": 32, "hidden_size": 3072, "vocab_size": 200064,
+           "num_attention_heads": 24, "num_key_value_heads": 8, "intermediate_size": 8192, "rope_theta": 10000.0,
+           "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+           "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}}
+    with pytest.warns(UserWarning, match="rope_scaling 'longrope' is not mirrored: the draft turns plain rope"):
+        c = contract_for_target(phi)
+    assert c.rope_scaling is None and c.rope_theta == 10000.0 and rope_parameters(c)[1] == 1.0
+
+
 _LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
              "original_max_position_embeddings": 256}
 

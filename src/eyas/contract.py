@@ -17,6 +17,7 @@ original EAGLE `midlayer.*`, is one rename rule in `eyas.weights`.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,6 +339,12 @@ def contract_for_target(
     rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
     scaling = text.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
     if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        scaling = None
+    elif scaling.get("rope_type", scaling.get("type")) == "longrope":
+        # a draft's rope is its own (EAGLE-3's turn at theta 10000 whatever the target's): engines switch
+        # longrope's factors as a sequence passes its original length, which eyas's drafter does not run
+        warnings.warn("the target's rope_scaling 'longrope' is not mirrored: the draft turns plain rope at the "
+                      "target's theta, as every engine and eyas's drafter run it alike", stacklevel=2)
         scaling = None
     vd = V if draft_vocab_size is None else draft_vocab_size
     defaulted = capture_layers is None
