@@ -165,6 +165,20 @@ def test_a_draft_for_an_mla_target_splits_the_hidden_state_into_its_heads():
     assert contract_for_target({**v3, "kv_lora_rank": None, "head_dim": 64}).head_dim == 64  # GQA keeps its own
 
 
+def test_a_multimodal_targets_sizes_are_its_language_models():
+    """PaliGemma's outer config writes hidden_size and vocab_size of its own beside `text_config`: they were
+    read first, so init and check held the draft against sizes no layer of the language model has."""
+    from eyas.contract import contract_for_target, target_facts
+
+    text = {"model_type": "gemma", "num_hidden_layers": 8, "hidden_size": 32, "vocab_size": 48,
+            "num_attention_heads": 4, "intermediate_size": 64, "rope_theta": 10000.0}
+    pali = {"model_type": "paligemma", "hidden_size": 2048, "vocab_size": 257152, "text_config": text}
+    assert (target_facts(pali)["hidden_size"], target_facts(pali)["vocab_size"]) == (32, 48)
+    assert contract_for_target(pali).target_hidden_size == 32
+    flat = {**text, "model_type": "qwen2_vl", "text_config": {"hidden_size": 8}}  # older flat exports: the top
+    assert target_facts(flat)["hidden_size"] == 32
+
+
 def test_a_draft_for_a_longrope_target_turns_plain_rope():
     """Phi-3 and Phi-4-mini rotate with longrope, which eyas's drafter does not run: init refused every draft for
     them ("rope_scaling type 'longrope' is not supported"). The draft's rope is its own: plain, at their theta."""

@@ -40,7 +40,7 @@ from eyas.decode import (
 from eyas.drafter import DraftCache, Drafter
 from eyas.errors import ContractError, EyasError
 from eyas.target import Chat, Target
-from eyas.target_ref import decode_context, longrope_length, sliding_window
+from eyas.target_context import decode_context, longrope_length, sliding_window
 
 GREEDY_TARGET = dict(  # the shapes of conftest's tiny draft contract: hidden 64, vocab 256, 6 layers
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,

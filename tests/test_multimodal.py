@@ -1,4 +1,4 @@
-"""Multimodal targets run whole, on text: Gemma 3, Mistral 3, Qwen2.5-VL, LLaVA, Llama 4.
+"""Multimodal targets run whole, on text: Gemma 3, Mistral 3, Qwen2.5-VL, LLaVA, Idefics3, SmolVLM, Llama 4.
 
 Their checkpoints hold a vision tower beside the language model, under a `text_config`; eyas loads the class
 the weights were saved from and runs its language model alone (`eyas.target._text_decoder`). Each was
@@ -20,6 +20,7 @@ from test_decode import cheat_drafter, greedy_oracle
 
 from eyas.cli import main
 from eyas.decode import generate
+from eyas.errors import FormatError
 from eyas.target import Target
 from eyas.target_ref import TargetRef
 
@@ -55,13 +56,25 @@ def _config(family: str):
         return transformers.LlavaConfig(
             text_config={**TEXT, "model_type": "llama"}, image_token_index=47,
             vision_config={**VISION, "model_type": "clip_vision_model", "projection_dim": 16})
+    if family in ("idefics3", "smol_vlm"):  # the language model under `model.text_model`
+        name = "Idefics3Config" if family == "idefics3" else "SmolVLMConfig"
+        return getattr(transformers, name)(text_config={**TEXT, "model_type": "llama"}, vision_config=VISION,
+                                           image_token_id=47, scale_factor=1)
+    if family == "mllama":  # cross-attention layers among the decoder's: refused
+        return transformers.MllamaConfig(
+            text_config={**TEXT, "bos_token_id": 1, "cross_attention_layers": [1], "rope_scaling": None},
+            vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                           "num_global_layers": 1, "attention_heads": 2, "image_size": 28, "patch_size": 14,
+                           "vision_output_dim": 32, "intermediate_layers_indices": [0], "max_num_tiles": 1,
+                           "supported_aspect_ratios": [[1, 1]]})
     return transformers.Llama4Config(  # MoE layers routed by an nn.Linear subclass; chunked attention
         text_config={**TEXT, "num_local_experts": 2, "intermediate_size_mlp": 64, "attention_chunk_size": 16},
         vision_config={**VISION, "vision_output_dim": 16, "projector_input_dim": 16, "projector_output_dim": 16},
         image_token_index=47)
 
 
-CLASSES = {"gemma3": "Gemma3", "mistral3": "Mistral3", "qwen2_5_vl": "Qwen2_5_VL", "llava": "Llava", "llama4": "Llama4"}
+CLASSES = {"gemma3": "Gemma3", "mistral3": "Mistral3", "qwen2_5_vl": "Qwen2_5_VL", "llava": "Llava", "llama4": "Llama4",
+           "idefics3": "Idefics3", "smol_vlm": "SmolVLM"}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +83,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("multimodal")
     chat = save_tiny_target(root / "chat")
     made = {}
-    for family, name in CLASSES.items():
+    for family, name in {**CLASSES, "mllama": "Mllama"}.items():
         folder = made[family] = root / family
         folder.mkdir()
         for f in chat.iterdir():
@@ -99,7 +112,7 @@ def test_a_multimodal_target_captures_what_its_own_forward_computes(folders, fam
     assert torch.allclose(head.normalize(out.features[..., 64:]) @ head.lm_head.float().T, own.logits, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "mistral3", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", ["gemma3", "mistral3", "qwen2_5_vl", "llava", "smol_vlm"])
 def test_a_multimodal_target_is_decoded_token_for_token(folders, family):
     """Chains, a tree and the target alone, as the whole model's own generate on text; Gemma 3's answers run
     past its sliding window (8) through alternating layers."""
@@ -126,6 +139,10 @@ def test_the_command_line_runs_a_multimodal_target_or_says_why_not(folders, tmp_
     capsys.readouterr()
     assert main(["generate", "--target", str(folders["llama4"]), "--prompt", "hello", "--max-new-tokens", "8"]) == 2
     assert "its layers include chunked_attention (model_type 'llama4')" in capsys.readouterr().err
+    assert main(["generate", "--target", str(folders["mllama"]), "--prompt", "hello", "--max-new-tokens", "8"]) == 2
+    assert "has cross-attention layers [1] (model_type 'mllama_text_model'), skipped on text" in capsys.readouterr().err
+    with pytest.raises(FormatError, match="skipped on text: eyas captures and decodes decoder-only language models"):
+        Target.load(folders["mllama"])  # the library's own check, after the load
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\nthe cat sat\n")
     assert main(["capture", "--target", str(folders["llama4"]), "--prompts", str(prompts), "--out",

@@ -479,23 +479,25 @@ def test_a_head_of_other_shapes_than_the_config_says_is_refused(tmp_path):
             TargetRef.resolve(folder).head()
 
 
-@pytest.mark.parametrize("family", ["gemma", "gemma2", "qwen3_next", "llama", "qwen3"])
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "qwen3_next", "llama", "qwen3", "cohere", "cohere2"])
 def test_the_final_norm_is_applied_as_the_targets_family_does(family):
     """Gemma's (and Qwen3-Next's) RMSNorm scales by 1 + weight: a speculators cache (stored before the norm) of a
-    Gemma target was judged with Llama's norm, and its verdict disagreed with the target's own at 1 position in 5."""
+    Gemma target was judged with Llama's norm, and its verdict disagreed with the target's own at 1 position in 5.
+    Cohere's is a LayerNorm (the mean taken out first): judged as an RMSNorm, its argmax differed too."""
     import importlib
     import inspect
 
-    from eyas.target_ref import ZERO_CENTERED_NORM, TargetHead
+    from eyas.target_ref import MEAN_CENTERED_NORM, ZERO_CENTERED_NORM, TargetHead
 
     module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    [norm_class] = [c for n, c in vars(module).items() if n.endswith("RMSNorm") and inspect.isclass(c)]
+    [norm_class] = [c for n, c in vars(module).items() if n.endswith(("RMSNorm", "LayerNorm")) and inspect.isclass(c)]
     theirs = norm_class(16, eps=1e-6)
     with torch.no_grad():
         theirs.weight.normal_()
-    h = torch.randn(5, 16) * 3
+    h = torch.randn(5, 16) * 3 + 1.5  # a mean to take out
     offset = 1.0 if family in ZERO_CENTERED_NORM else 0.0
-    ours = TargetHead(torch.zeros(1, 16), theirs.weight.detach().clone(), 1e-6, offset).normalize(h)
+    ours = TargetHead(torch.zeros(1, 16), theirs.weight.detach().clone(), 1e-6, offset,
+                      family in MEAN_CENTERED_NORM).normalize(h)
     torch.testing.assert_close(ours, theirs(h).float(), rtol=1e-5, atol=1e-5)
 
 

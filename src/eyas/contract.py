@@ -30,14 +30,22 @@ DEFAULT_ROPE_THETA = 10000.0  # what every engine builds when a draft config nam
 IDS = "eagle_aux_hidden_state_layer_ids"  # the config key that records capture_layers, in every format
 
 
+def language_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a target's config.json: a multimodal one nests it in `text_config`, beside
+    sizes of other parts (PaliGemma's outer hidden_size and vocab_size are the projector's and the whole
+    model's); a config with num_hidden_layers at the top (older flat Qwen2-VL exports) is its own."""
+    inner = cfg.get("text_config")
+    return inner if isinstance(inner, dict) and "num_hidden_layers" not in cfg else cfg
+
+
 def target_facts(cfg: dict[str, Any], where: str = "the target's config.json") -> dict[str, Any]:
-    """What a target (verifier) config.json says about itself; multimodal configs nest it in `text_config`.
-    Its sizes, where given, are positive integers (else one line naming `where` and the field): every
-    comparison with a draft is arithmetic on them."""
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    """What a target (verifier) config.json says about its language model (`language_config`; a field it
+    lacks, from the outer config). Its sizes, where given, are positive integers (else one line naming `where`
+    and the field): every comparison with a draft is arithmetic on them."""
+    text = language_config(cfg)
 
     def pick(key: str) -> Any:
-        return cfg[key] if cfg.get(key) is not None else text.get(key)
+        return text[key] if text.get(key) is not None else cfg.get(key)
 
     for key in ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"):
         if pick(key) is not None:
@@ -331,7 +339,7 @@ def contract_for_target(
     draft_vocab_size default: the full target vocab (no vocab map).
     """
     f = target_facts(cfg)
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text = language_config(cfg)
     N, H, V = f["num_hidden_layers"], f["hidden_size"], f["vocab_size"]
     where = f"target {name} config.json" if name else "the target's config.json"
     heads = target_size(where, text, "num_attention_heads")

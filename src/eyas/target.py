@@ -30,9 +30,10 @@ from eyas.embedded import DEFAULT_SPECS, EMBEDDED_DIR, EMBEDDED_NAME, cache_dir,
 from eyas.devices import RUN_OVERHEAD, check_fits_memory, free_bytes, gib
 from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
+from eyas.target_context import decode_context
 from eyas.target_ref import (
     TargetRef,
-    decode_context,
+    cross_attention,
     load_target_embeddings,
     resolve_target,
     target_config,
@@ -87,6 +88,10 @@ class Target:
         self.hidden_size: int = self.config.hidden_size
         self.vocab_size: int = self.config.vocab_size
         self.decoder = _text_decoder(model)  # LlamaModel, Qwen3Model, ...: embed_tokens, layers, norm
+        crossed = cross_attention(self.config.to_dict())
+        if crossed:
+            raise FormatError(f"target {path}: {crossed}", "use a decoder-only target (Llama 3.1 for Llama 3.2 "
+                              "Vision's text)")
         if self.decoder is None:
             raise FormatError(
                 f"target {path}: {type(model).__name__} has no decoder `layers` and final `norm`",
@@ -96,7 +101,7 @@ class Target:
     @property
     def context(self) -> int | None:
         """The longest sequence eyas decodes it in: max_position_embeddings, as transformers' config reads it
-        (longrope targets: their original length, eyas.target_ref.longrope_length says why)."""
+        (longrope targets: their original length, eyas.target_context.longrope_length says why)."""
         return decode_context(self.config.to_dict(), getattr(self.config, "max_position_embeddings", None))
 
     @property
@@ -189,10 +194,11 @@ class Target:
 def _text_decoder(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module holding embed_tokens, the decoder layers and the final norm: the base model (LlamaModel,
     Qwen3Model), or a multimodal target's language model (Gemma 3's and Mistral 3's `model.language_model`,
-    Llama 4's `language_model.model`), which runs alone on text: eyas never feeds it images."""
+    Idefics3's `model.text_model`, Llama 4's `language_model.model`), which runs alone on text: eyas never feeds
+    it images."""
     base, language = model.base_model, getattr(model, "language_model", None)
-    for found in (base, getattr(base, "language_model", None), getattr(model, "model", None), language,
-                  getattr(language, "model", None)):
+    for found in (base, getattr(base, "language_model", None), getattr(base, "text_model", None),
+                  getattr(model, "model", None), language, getattr(language, "model", None)):
         if found is not None and hasattr(found, "layers") and hasattr(found, "norm"):
             return found
     return None

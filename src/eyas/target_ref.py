@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from eyas.contract import target_size
+from eyas.contract import language_config, target_size
 from eyas.devices import parse_device
 from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
@@ -44,7 +44,8 @@ HF_NAMES = {
 }
 # where a multimodal target's files hold those under its language model: Llama's prefix -> transformers' current
 # layout (`model.language_model.norm.weight`, Llama 4, Gemma 3, Mistral 3 saved since 4.52), then the older one
-LANGUAGE_MODEL = {"model.": ("model.language_model.", "language_model.model."), "": ("language_model.",)}
+LANGUAGE_MODEL = {"model.": ("model.language_model.", "language_model.model.", "model.text_model."),
+                  "": ("language_model.",)}
 
 
 # model types whose RMSNorm scales by (1 + weight), the weight stored zero-centred (Gemma's, Qwen3-Next's):
@@ -52,6 +53,7 @@ LANGUAGE_MODEL = {"model.": ("model.language_model.", "language_model.model."), 
 ZERO_CENTERED_NORM = frozenset({
     "gemma", "gemma2", "gemma3", "gemma3_text", "vaultgemma", "recurrent_gemma", "t5gemma", "qwen3_next", "qwen3_5",
     "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m3_vl", "minimax_m3_vl_text"})
+MEAN_CENTERED_NORM = frozenset({"cohere", "cohere2"})  # a LayerNorm without bias: the mean taken out first
 # config fields that change the logits after lm_head: eyas computes them as lm_head(final hidden)
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -62,17 +64,20 @@ class TargetHead:
 
     Caches store the last state either after the final norm (SpecForge, ModelOpt, eyas) or before it
     (speculators/vLLM); `normalize` applies the norm, in fp32, as the target's family does (`offset` 1
-    where it scales by 1 + weight: ZERO_CENTERED_NORM) (eyas.verdict), and
-    `eyas.evaluate.target_greedy` takes the argmax of lm_head over the normed state.
+    where it scales by 1 + weight: ZERO_CENTERED_NORM; `centered` where it takes the mean out first, Cohere's
+    LayerNorm: MEAN_CENTERED_NORM) (eyas.verdict), and `eyas.evaluate.target_greedy` takes the argmax of
+    lm_head over the normed state.
     """
 
     lm_head: Tensor  # [V, H]
     norm: Tensor  # [H]
     eps: float
     offset: float = 0.0
+    centered: bool = False
 
     def normalize(self, h: Tensor) -> Tensor:
         x = h.float()
+        x = x - x.mean(-1, keepdim=True) if self.centered else x
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.norm.float() + self.offset) * x
 
@@ -138,8 +143,7 @@ class TargetRef:
     @property
     def text_config(self) -> dict:
         """The language model's config: multimodal targets nest it under `text_config`."""
-        inner = self.config.get("text_config")
-        return inner if isinstance(inner, dict) and "num_hidden_layers" not in self.config else self.config
+        return language_config(self.config)
 
     @property
     def num_layers(self) -> int:
@@ -199,8 +203,9 @@ class TargetRef:
             if list(t.shape) != want:
                 raise FormatError(f"{self.folder}: {self.on_disk(name)} is {list(t.shape)}, config.json says {want} "
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
-        eps = float(self.text_config.get("rms_norm_eps") or 1e-6)
-        return TargetHead(lm_head, norm, eps, 1.0 if self.model_types() & ZERO_CENTERED_NORM else 0.0)
+        eps = float(self.text_config.get("rms_norm_eps") or self.text_config.get("layer_norm_eps") or 1e-6)
+        return TargetHead(lm_head, norm, eps, 1.0 if self.model_types() & ZERO_CENTERED_NORM else 0.0,
+                          bool(self.model_types() & MEAN_CENTERED_NORM))
 
     def on_disk(self, name: str) -> str:
         """The name in the target's files of the drafter's `name` (embed_tokens, norm, lm_head: HF_NAMES; lm_head
@@ -319,9 +324,10 @@ class TargetRef:
         """Where the weights hold the decoder layers under another family's names (GPT-NeoX's
         `gpt_neox.layers.N`, GPT-J's `transformer.h.N`) and none under Llama's `model.layers.N`: eyas
         runs Llama-style decoders, and "no decoder layer N" would send the user after missing files."""
+        crossed = cross_attention(self.text_config)
         parents = self._last_layer_parents() if find_weights(self.folder) is not None else set()
-        if not parents or any(_llama_style(parent) for parent in parents):
-            return None
+        if crossed or not parents or any(_llama_style(parent) for parent in parents):
+            return crossed
         return (f"{self.folder} holds its decoder layers as {min(parents)}.{self.num_layers - 1}.* (model_type "
                 f"{self.text_config.get('model_type')!r}), not model.layers.*: eyas runs Llama-style decoders")
 
@@ -350,48 +356,12 @@ class TargetRef:
 
 
 
-def longrope_length(text: Mapping[str, Any]) -> int | None:
-    """For a longrope target (Phi-3 and its kin), its original_max_position_embeddings: the length eyas decodes
-    it within. transformers rotates with the short factors while a forward's positions stay within that length
-    and with the long ones past it, so an answer growing past it would rotate its cached positions one way and
-    the rest the other, and a verify reaching past it rotates a round's tokens otherwise than one-token steps
-    would (transformers' own generate recomputes the cache there). None for every other rope."""
-    rope = text.get("rope_parameters") or text.get("rope_scaling")
-    if not isinstance(rope, Mapping) or (rope.get("rope_type") or rope.get("type")) != "longrope":
-        return None
-    length = rope.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
-    return length if isinstance(length, int) and length > 0 else None
-
-
-def sliding_window(text: Mapping[str, Any]) -> int | None:
-    """The window a target attends through in some layer, as transformers reads its config (`layer_types` where
-    it has them, else every layer where `sliding_window` is set: Phi-3's 2047, Mistral v0.1's 4096), or None;
-    None too for a model whose layers are other kinds still (linear attention, Mamba: their caches are their own).
-    eyas decodes such a target with a full cache it can trim (`eyas.decode.verify.prefill`) and the window in its
-    masks (`eyas.decode.verify._tree_masks`)."""
-    window, kinds = text.get("sliding_window"), text.get("layer_types")
-    if not isinstance(window, int) or window <= 0 or text.get("use_sliding_window") is False:
-        return None
-    if isinstance(kinds, list) and ("sliding_attention" not in kinds or set(kinds) - {"full_attention",
-                                                                                    "sliding_attention"}):
-        return None
-    return window
-
-
-def decode_context(text: Mapping[str, Any], context: int | None = None) -> int | None:
-    """The longest sequence eyas decodes the target of config `text` in: its max_position_embeddings (`context`
-    where a config object read it through an alias), or for longrope the shorter original length."""
-    if context is None:
-        context = text.get("max_position_embeddings") if isinstance(text.get("max_position_embeddings"), int) else None
-    original = longrope_length(text)
-    return context if original is None else min(original, context or original)
-
-
-def decode_bound(text: Mapping[str, Any], context: int | None = None) -> tuple[int | None, str]:
-    """The longest sequence eyas decodes the target of config `text` in (`decode_context`), and why, where it is
-    shorter than the target's max_position_embeddings (`context`): a few words for an error, else ""."""
-    bound, plain = decode_context(text, context), context or text.get("max_position_embeddings")
-    return bound, "" if bound == plain else " (longrope: its original length)"
+def cross_attention(text: dict) -> str | None:
+    """Why a language model with cross-attention layers (Llama 3.2 Vision's) is not run: on text transformers
+    skips them, so the input of such a layer is never computed and its cache holds nothing to trim."""
+    layers = text.get("cross_attention_layers")
+    return (f"its language model has cross-attention layers {layers} (model_type {text.get('model_type')!r}), "
+            "skipped on text: eyas captures and decodes decoder-only language models") if layers else None
 
 
 def _llama_style(parent: str) -> bool:

@@ -127,7 +127,7 @@ def answers_prompts(a: argparse.Namespace) -> bool:
 def answer_room(args: argparse.Namespace) -> None:
     """--max-new-tokens below the target's context: a prompt (a token at least) and its answer must fit,
     so an answer as long as the context is refused from the config, not after the weights load."""
-    from eyas.target_ref import decode_bound  # longrope: its original length
+    from eyas.target_context import decode_bound  # longrope: its original length
 
     value, config = getattr(args, "max_new_tokens", None), _target_config(args)
     bound, why = (None, "") if config is None else decode_bound(config)
@@ -141,7 +141,7 @@ def draft_room(args: argparse.Namespace, depths: dict[str, int | None], widths: 
     """Drafts that fit the target: no chain, tree depth or tree budget (`depths`) of its context's length
     or more, no branching (`widths`) past its vocabulary. Said before anything loads: a 10^8-token chain
     was a traceback from allocating terabytes of KV cache, minutes in."""
-    from eyas.target_ref import decode_context
+    from eyas.target_context import decode_context
 
     config = _target_config(args)
     if config is None:

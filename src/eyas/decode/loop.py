@@ -26,7 +26,7 @@ from eyas.devices import synchronize
 from eyas.drafter import Drafter
 from eyas.errors import EyasError
 from eyas.target import Target, check_fits
-from eyas.target_ref import decode_bound
+from eyas.target_context import decode_bound
 
 DEFAULT_DRAFT_TOKENS = 4  # chain length when a drafter is given without draft_tokens or tree
 

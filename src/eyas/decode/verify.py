@@ -20,7 +20,7 @@ from eyas.decode.static_cache import StaticKV
 from eyas.decode.tree import DraftTree, tree_ancestors, tree_attention_mask
 from eyas.errors import EyasError
 from eyas.target import Target, TargetOutput
-from eyas.target_ref import sliding_window
+from eyas.target_context import sliding_window
 
 
 def decoder(target: Target) -> Target | LeanTarget:
