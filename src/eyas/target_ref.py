@@ -43,7 +43,8 @@ HF_NAMES = {
     "lm_head.weight": "lm_head.weight",  # absent from the files when tied to embed_tokens
 }
 # where a multimodal target's files hold those under its language model: Llama's prefix -> transformers' current
-# layout (`model.language_model.norm.weight`, Llama 4, Gemma 3, Mistral 3 saved since 4.52), then the older one
+# layout (`model.language_model.norm.weight`, Llama 4, Gemma 3, Mistral 3 saved since 4.52), the older one, and
+# Idefics3's and SmolVLM's `model.text_model.`
 LANGUAGE_MODEL = {"model.": ("model.language_model.", "language_model.model.", "model.text_model."),
                   "": ("language_model.",)}
 
@@ -323,7 +324,8 @@ class TargetRef:
     def foreign_decoder(self) -> str | None:
         """Where the weights hold the decoder layers under another family's names (GPT-NeoX's
         `gpt_neox.layers.N`, GPT-J's `transformer.h.N`) and none under Llama's `model.layers.N`: eyas
-        runs Llama-style decoders, and "no decoder layer N" would send the user after missing files."""
+        runs Llama-style decoders, and "no decoder layer N" would send the user after missing files. A language
+        model with cross-attention layers among them is said too (`cross_attention`)."""
         crossed = cross_attention(self.text_config)
         parents = self._last_layer_parents() if find_weights(self.folder) is not None else set()
         if crossed or not parents or any(_llama_style(parent) for parent in parents):
