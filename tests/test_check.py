@@ -192,6 +192,9 @@ def test_a_draft_for_a_longrope_target_turns_plain_rope():
     with pytest.warns(UserWarning, match="rope_scaling 'longrope' is not mirrored: the draft turns plain rope"):
         c = contract_for_target(phi)
     assert c.rope_scaling is None and c.rope_theta == 10000.0 and rope_parameters(c)[1] == 1.0
+    vl = {**phi, "model_type": "qwen2_5_vl", "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+    with pytest.warns(UserWarning, match="rope_scaling 'mrope' is not mirrored"):  # Qwen2.5-VL's, as published
+        assert contract_for_target(vl).rope_scaling is None
 
 
 _LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,

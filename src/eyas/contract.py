@@ -30,6 +30,9 @@ DEFAULT_ROPE_THETA = 10000.0  # what every engine builds when a draft config nam
 IDS = "eagle_aux_hidden_state_layer_ids"  # the config key that records capture_layers, in every format
 
 
+ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "yarn")  # the rope scalings eyas's drafter turns (eyas.rope)
+
+
 def language_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The language model's part of a target's config.json: a multimodal one nests it in `text_config`, beside
     sizes of other parts (PaliGemma's outer hidden_size and vocab_size are the projector's and the whole
@@ -346,14 +349,13 @@ def contract_for_target(
 
     rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
     scaling = text.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
-    if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
-        scaling = None
-    elif scaling.get("rope_type", scaling.get("type")) == "longrope":
-        # a draft's rope is its own (EAGLE-3's turn at theta 10000 whatever the target's): engines switch
-        # longrope's factors as a sequence passes its original length, which eyas's drafter does not run
-        warnings.warn("the target's rope_scaling 'longrope' is not mirrored: the draft turns plain rope at the "
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ROPE_TYPES and kind is not None:
+        # a draft's rope is its own (EAGLE-3's turn at theta 10000 whatever the target's): longrope switches its
+        # factors as a sequence passes its original length, mrope turns 3-D positions; the drafter runs neither
+        warnings.warn(f"the target's rope_scaling {kind!r} is not mirrored: the draft turns plain rope at the "
                       "target's theta, as every engine and eyas's drafter run it alike", stacklevel=2)
-        scaling = None
+    scaling = scaling if kind in ROPE_TYPES and kind != "default" else None
     vd = V if draft_vocab_size is None else draft_vocab_size
     defaulted = capture_layers is None
     contract = DraftContract(

@@ -20,11 +20,8 @@ import math
 import torch
 from torch import Tensor
 
-from eyas.contract import DraftContract
+from eyas.contract import ROPE_TYPES, DraftContract
 from eyas.errors import ContractError
-
-ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "yarn")
-
 
 def _rope_param(scaling: dict, key: str, rope_type: str):
     if scaling.get(key) is None:

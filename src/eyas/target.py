@@ -30,7 +30,7 @@ from eyas.embedded import DEFAULT_SPECS, EMBEDDED_DIR, EMBEDDED_NAME, cache_dir,
 from eyas.devices import RUN_OVERHEAD, check_fits_memory, free_bytes, gib
 from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
-from eyas.target_context import decode_context
+from eyas.target_context import decode_context, sliding_window
 from eyas.target_ref import (
     TargetRef,
     cross_attention,
@@ -88,6 +88,7 @@ class Target:
         self.hidden_size: int = self.config.hidden_size
         self.vocab_size: int = self.config.vocab_size
         self.decoder = _text_decoder(model)  # LlamaModel, Qwen3Model, ...: embed_tokens, layers, norm
+        self.window = sliding_window(self.config.to_dict())  # decoded with a full cache, the window in the masks
         crossed = cross_attention(self.config.to_dict())
         if crossed:
             raise FormatError(f"target {path}: {crossed}", "use a decoder-only target (Llama 3.1 for Llama 3.2 "

@@ -2,7 +2,7 @@
 
 A longrope target (Phi-3 and its kin) turns otherwise past its original length, so eyas decodes it within
 that (`decode_context`, `decode_bound`); a sliding-window target is decoded over its whole context with a full
-cache and the window in its masks (`sliding_window`: eyas.decode.verify). Read by the decoding loop, the
+cache and the window in its masks (`sliding_window`: `Target.window`, eyas.decode.verify). Read by the decoding loop, the
 preflight (before anything loads) and `Target.context`.
 """
 

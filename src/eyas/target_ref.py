@@ -102,6 +102,8 @@ class TargetRef:
     # the weights' tensor names once listed (every header of a sharded target, or its index): asked by the
     # preflight's family and completeness checks and by the tie rule, read once
     _names: dict = field(default_factory=dict, compare=False, repr=False)
+    # config.json as transformers' class reads it, once: asked by the tie rule at every lm_head name and the preflight
+    _auto: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, spec: str | Path | TargetRef | None = None, *, weights: bool = True,
@@ -272,10 +274,12 @@ class TargetRef:
         where transformers has no class for it (the checkpoint's own would run its code) or cannot read it."""
         from transformers import AutoConfig
 
-        try:
-            return AutoConfig.from_pretrained(self.folder, trust_remote_code=False)
-        except (ValueError, KeyError, TypeError, AttributeError, OSError):
-            return None
+        if "config" not in self._auto:
+            try:
+                self._auto["config"] = AutoConfig.from_pretrained(self.folder, trust_remote_code=False)
+            except (ValueError, KeyError, TypeError, AttributeError, OSError):
+                self._auto["config"] = None
+        return self._auto["config"]
 
     def tensor_names(self) -> frozenset[str]:
         """Every tensor name the target's weights hold (from the index or headers: no data read; once)."""

@@ -20,7 +20,6 @@ from eyas.decode.static_cache import StaticKV
 from eyas.decode.tree import DraftTree, tree_ancestors, tree_attention_mask
 from eyas.errors import EyasError
 from eyas.target import Target, TargetOutput
-from eyas.target_context import sliding_window
 
 
 def decoder(target: Target) -> Target | LeanTarget:
@@ -37,7 +36,7 @@ def prefill(model: Target | LeanTarget, prompt: Tensor, capture: Sequence[int], 
         out = model.forward(prompt, positions, model.new_cache(max_len), capture, logit_rows=slice(-1, None))
     else:  # a sliding-window target's own cache drops keys past the window: a full one eyas can trim instead,
         # the window kept by the masks (transformers' own for chains, `_tree_masks` for trees)
-        full = DynamicCache() if sliding_window(model.config.to_dict()) is not None else None
+        full = DynamicCache() if model.window is not None else None
         out = model.forward(prompt, capture, past_key_values=full)
         check_cache(out.past_key_values)
         out.logits = out.logits[:, -1:]
@@ -70,11 +69,10 @@ def _tree_masks(model: Target, tree: DraftTree, n: int) -> Tensor | dict[str, Te
     layers differ in kind (Qwen2 with `max_window_layers`, gpt-oss, Gemma 3), one per `layer_types` kind, the
     sliding layers' with the window applied: a prepared mask bypasses transformers' own, window and all.
     (A chain needs none: transformers builds the causal and sliding masks from its positions.)"""
-    config, dtype, device = model.config, model.model.dtype, tree.tokens.device
-    window = sliding_window(config.to_dict())
+    window, dtype, device = model.window, model.model.dtype, tree.tokens.device
     if window is None:
         return tree_attention_mask(tree, n, dtype, device)
-    kinds = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+    kinds = set(getattr(model.config, "layer_types", None) or ["sliding_attention"])
     if kinds == {"sliding_attention"}:
         return tree_attention_mask(tree, n, dtype, device, window)
     return {"full_attention": tree_attention_mask(tree, n, dtype, device),
