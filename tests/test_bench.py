@@ -472,6 +472,28 @@ def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_p
     assert "quick sweep" in format_bench(rep) and read_best_shape(name, draft, "bf16") is not None
 
 
+def test_the_quick_sweep_starts_no_question_past_its_time_bound(saved, monkeypatch, capsys, real_quick_sweep):
+    """A toy gpt-oss target, run by transformers' forward on a loaded machine, spent 562 s in its first quick
+    sweep: now no question is started past QUICK_SECONDS (here 0: the first question is always timed, by every
+    shape alike), and stderr and the cache say on how many it was timed."""
+    target_dir, draft_dir = saved
+    monkeypatch.setattr(sweep_module, "QUICK_CHAINS", (1,))
+    monkeypatch.setattr(sweep_module, "QUICK_PLAIN_CHAINS", ())
+    monkeypatch.setattr(sweep_module, "QUICK_TREES", ((2, 2, 3),))
+    monkeypatch.setattr(sweep_module, "QUICK_TOKENS", 4)
+    monkeypatch.setattr(sweep_module, "QUICK_SECONDS", 0)
+    target = Target.load(target_dir)
+    draft = load_drafter(draft_dir, target=target_dir)
+    prompts = [[5, 6, 7], [8, 9, 10], [11, 12]]
+    report = sweep_module.quick_sweep(target, draft, draft_dir, torch.float32, prompts, [], ngram_tokens=0)
+    assert report["prompts"] == 1 and read_best_shape(target.name, draft_dir, "fp32")["prompts"] == 1
+    err = capsys.readouterr().err
+    assert "no question started past 0 s" in err and " on 1 of 3 questions (the 0 s bound), cached in " in err
+    whole = sweep_module.sweep_shapes(target, draft, prompts, [], max_new_tokens=4, chains=(1,), plain_chains=(),
+                                      trees=((2, 2, 3),), progress=False)
+    assert whole["prompts"] == 3
+
+
 def test_per_prompt_spread():
     assert spread([2.0]) == {"median": 2.0, "q25": 2.0, "q75": 2.0}
     assert spread([1.0, 3.0]) == {"median": 2.0, "q25": 1.5, "q75": 2.5}

@@ -81,7 +81,7 @@ def test_a_shape_timed_under_load_is_timed_again_at_the_next_run(monkeypatch, ca
     def fake_sweep(*args, **kwargs):
         return {"best": {"draft_tokens": 2}, "best_tokens_per_s": 10.0, "target_tokens_per_s": 9.0,
                 "beats_target": verdicts.pop(0), "ngram_tokens": 0, "best_chain": 2, "best_tree": [3, 4, 8],
-                "results": [], "others_cpu_share": loads.pop(0)}
+                "results": [], "others_cpu_share": loads.pop(0), "prompts": 1}
 
     monkeypatch.setattr(sweep_module, "sweep_shapes", fake_sweep)
     target = SimpleNamespace(name="tiny", device=torch.device("cpu"))  # the quick sweep names its device

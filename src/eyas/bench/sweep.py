@@ -8,7 +8,9 @@ being slower than plain decoding.
 When no shape is cached, `eyas generate` and `eyas bench` run `quick_sweep` first: fewer shapes on a
 few short MT-bench answers (one to three minutes on a 2-core CPU: 109 s in bf16 and 183 s in fp32 on
 an AMX Xeon; said on stderr with what it cost, under a progress bar unless `--no-progress`), once per target,
-drafter, dtype and machine. A quick sweep timed while other processes took much of the
+drafter, dtype and machine. It starts no question once QUICK_SECONDS have passed, so a slow target (a
+large one on a CPU, one transformers' forward runs, a machine busy elsewhere) is timed on fewer questions
+rather than for ten minutes; the report and stderr say on how many. A quick sweep timed while other processes took much of the
 CPU is provisional (eyas.machine.Contention): it is used, and made again at the next runs until one
 is made on a quiet machine or the attempts run out; the quietest stands.
 """
@@ -44,6 +46,7 @@ QUICK_CHAINS = (1, 2, 3, 4, 6)
 QUICK_PLAIN_CHAINS = (1, 2)
 QUICK_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16))
 QUICK_PROMPTS, QUICK_TOKENS = 4, 96  # answers long enough for an n-gram branch to find repeats
+QUICK_SECONDS = 240  # no question started past this (SmolLM2's whole quick sweep takes 109-183 s)
 
 
 def save_sweep(target: Target, drafter: str | Path, dtype: torch.dtype, report: dict, *, prompts: int,
@@ -67,19 +70,22 @@ def quick_sweep(target: Target, draft: Drafter, drafter: str | Path, dtype: torc
     why = "timed under load before" if previous is not None else "measured"
     print(f"eyas: no draft shape {why} for this target, draft, {short_name(dtype)} and machine: timing "
           f"{shapes} shapes and the target alone on {len(prompt_ids)} MT-bench questions x {QUICK_TOKENS} tokens "
-          "(once; minutes on a small CPU)", file=sys.stderr)
+          f"(once; minutes on a small CPU, no question started past {QUICK_SECONDS} s)", file=sys.stderr)
     t0 = time.perf_counter()
     report = sweep_shapes(target, draft, prompt_ids, stops, max_new_tokens=QUICK_TOKENS, ngram_tokens=ngram_tokens,
-                          chains=QUICK_CHAINS, plain_chains=QUICK_PLAIN_CHAINS, trees=QUICK_TREES, progress=progress)
+                          chains=QUICK_CHAINS, plain_chains=QUICK_PLAIN_CHAINS, trees=QUICK_TREES, progress=progress,
+                          seconds=QUICK_SECONDS)
     report = quietest(report, previous)
-    report["cache"] = save_sweep(target, drafter, dtype, report, prompts=len(prompt_ids), max_new_tokens=QUICK_TOKENS)
+    report["cache"] = save_sweep(target, drafter, dtype, report, prompts=report["prompts"], max_new_tokens=QUICK_TOKENS)
     report["seconds"] = time.perf_counter() - t0
+    cut = (f" on {report['prompts']} of {len(prompt_ids)} questions (the {QUICK_SECONDS} s bound)"
+           if report["prompts"] < len(prompt_ids) else "")
     verdict = (f"fastest {shape_label(report['best'])} at {report['best_tokens_per_s']:.1f} tok/s"
                if report["beats_target"] else
                f"no shape beat the target alone (best {shape_label(report['best'])} "
                f"{report['best_tokens_per_s']:.1f} tok/s): the draft is off")
     print(f"eyas: {verdict}, target alone {report['target_tokens_per_s']:.1f} tok/s on {runs_on(target.device)}; took "
-          f"{report['seconds']:.0f} s, cached in {report['cache']} (measured again by `eyas bench --sweep`)",
+          f"{report['seconds']:.0f} s{cut}, cached in {report['cache']} (measured again by `eyas bench --sweep`)",
           file=sys.stderr)
     say_if_busy(report)
     return report
@@ -102,6 +108,7 @@ def sweep_shapes(
     plain_chains: Sequence[int] = SWEEP_PLAIN_CHAINS,
     trees: Sequence[tuple[int, int, int]] = SWEEP_TREES,
     progress: bool = True,
+    seconds: float | None = None,
 ) -> dict:
     """Time every chain length and tree shape on the prompts (greedy, each round's tree with an
     n-gram branch of `ngram_tokens`; the `plain_chains` also with each shorter NGRAM_VARIANTS branch:
@@ -110,15 +117,16 @@ def sweep_shapes(
     Shapes are interleaved prompt by prompt, so slow drifts in machine load hit them alike. Returns
     `results` (shape, tokens_per_s, tau per shape), `best` (the fastest shape of all), `best_chain`
     (k of the fastest chain; `best_chain_ngram`, the n-gram branch it was timed with), `best_tree`, `target_tokens_per_s` (the target alone, plain decoding) and `beats_target`
-    (whether `best` beat it: where it did not, `eyas generate` decodes without the draft), and
-    `others_cpu_share`: how much of the CPU other processes took meanwhile (eyas.machine.Contention).
+    (whether `best` beat it: where it did not, `eyas generate` decodes without the draft),
+    `others_cpu_share`: how much of the CPU other processes took meanwhile (eyas.machine.Contention), and
+    `prompts`: how many were timed (with `seconds`, none is started past that many: `time_interleaved`).
     """
     shapes = ([{"draft_tokens": k} for k in chains] + _ngram_variants(plain_chains, ngram_tokens)
               + [{"tree": list(t)} for t in trees])
     runners = {i: eyas_runner(target, drafter, stops, s, ngram_tokens) for i, s in enumerate(shapes)}
     runners["target"] = eyas_runner(target, None, stops, {})
     others = Contention()
-    runs = time_interleaved(runners, prompt_ids, max_new_tokens, set(stops), "sweep", progress)
+    runs = time_interleaved(runners, prompt_ids, max_new_tokens, set(stops), "sweep", progress, seconds)
     results = []
     for i, shape in enumerate(shapes):
         s = summary(runs[i], runs[i])
@@ -139,4 +147,5 @@ def sweep_shapes(
         "best_tree": fastest("tree")["shape"]["tree"],
         "results": results,
         "others_cpu_share": others.others(),
+        "prompts": len(runs["target"]),
     }

@@ -203,15 +203,20 @@ def _progress(total: int, desc: str, enabled: bool):
 
 def time_interleaved(
     runners: dict[Hashable, Runner], prompt_ids: list[list[int]], max_new_tokens: int, stops: set[int],
-    desc: str, progress: bool,
+    desc: str, progress: bool, seconds: float | None = None,
 ) -> dict[Hashable, list[Run]]:
     """Every runner on every prompt, timed: each warmed up once, then prompt by prompt, all runners
-    back to back (a slow drift in machine load then hits them alike)."""
+    back to back (a slow drift in machine load then hits them alike). With `seconds`, no prompt is
+    started once that many have passed (the warm-up counted): every runner is timed on the same first
+    prompts, one at least."""
+    t0 = time.perf_counter()
     for run in runners.values():
         run(prompt_ids[0], min(WARMUP_TOKENS, max_new_tokens))
     runs: dict[Hashable, list[Run]] = {name: [] for name in runners}
     bar = _progress(len(prompt_ids) * len(runners), desc, progress)
-    for ids in prompt_ids:
+    for i, ids in enumerate(prompt_ids):
+        if i and seconds is not None and time.perf_counter() - t0 >= seconds:
+            break
         for name, run in runners.items():
             runs[name].append(_timed(run, ids, max_new_tokens, stops))
             bar.update()
