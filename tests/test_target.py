@@ -200,12 +200,15 @@ def test_bf16_load(tmp_path):
     assert out.features.dtype == out.logits.dtype == torch.bfloat16
 
 
-def test_logit_softcapping_is_refused(tmp_path):
+def test_a_field_its_class_ignores_leaves_the_logits_plain(tmp_path):
+    """Llama's class reads no final_logit_softcapping: set in its config.json, it used to refuse the load."""
     folder = save_tiny(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": 30.0}))
-    with pytest.raises(FormatError, match="final_logit_softcapping"):
-        Target.load(folder)
+    t = Target.load(folder)
+    assert t.logit_map.identity
+    out = t.forward(ids(1, 4), ())
+    torch.testing.assert_close(out.logits, t.model(ids(1, 4)).logits)
 
 
 # --- naming targets, and the embedded default's cache ---------------------------------------------

@@ -35,6 +35,7 @@ from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
 from eyas.devices import on_gpu
 from eyas.dtypes import AUTO, is_auto, to_dtype
 from eyas.errors import ContractError, EyasError
+from eyas.logit_map import LogitMap
 from eyas.machine import bf16_dot_products, runs_on
 from eyas.sampled import alpha_measure, answer_depths, require_sampleable, sampled_difference, sampled_report
 from eyas.shift import label_ids, shift_for_draft, shift_left
@@ -220,10 +221,12 @@ def _pruned_topk(drafter, s: dict, next_ids: torch.Tensor, at: torch.Tensor, tru
 
 def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8, tree_top_k: int = 4,
                      tree_depth: int = 5, temperature: float = 0.0, answers_temperature: float | None = None,
-                     progress=None, against=None, where: str | Path = "the samples") -> dict:
+                     progress=None, against=None, where: str | Path = "the samples",
+                     logit_map: LogitMap = LogitMap()) -> dict:
     """Offline acceptance of `drafter` over captured samples (see the module docstring).
 
-    lm_head: the target's [V, H] output matrix (tied embeddings: the embedding matrix).
+    lm_head: the target's [V, H] output matrix (tied embeddings: the embedding matrix); `logit_map` what its
+    class does to lm_head's output (eyas.logit_map: a sampled measure reads it, a greedy verdict needs not).
     Returns a JSON-ready dict (`eyas.acceptance.figures`): tokens (chain starts evaluated),
     acceptance_by_depth, tau_chain (k = "1".."depth"), tau_tree (a full top-k tree of tree_depth
     levels along the greedy path), coverage (share of the target's next tokens inside the draft
@@ -247,7 +250,7 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
                 continue
             greedy = answer_greedy(sample, lm_head)  # the target's verdict, once for every draft
             for d, c, s in zip(drafters, counts, sampled):
-                part = _predictions(d, sample, lm_head, depth, tree_top_k, tree_d, temperature, greedy)
+                part = _predictions(d, sample, lm_head, depth, tree_top_k, tree_d, temperature, greedy, logit_map)
                 if temperature > 0:
                     s.append((part.pop("measured"), answer_depths(sample, part.pop("rows"))))
                 c.append(sample_counts(part, tree_d))
@@ -271,11 +274,11 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
 
 
 def _predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int, top_k: int, tree_depth: int,
-                 temperature: float, greedy: torch.Tensor | None) -> dict:
+                 temperature: float, greedy: torch.Tensor | None, logit_map: LogitMap) -> dict:
     """`sample_predictions` for one drafter: pruned for the greedy figures, or with the draft's
     distributions at every start (`alpha_measure`: the same greedy numbers) at a temperature."""
     if temperature > 0:
-        measure = alpha_measure(drafter, sample, lm_head, temperature, top_k)
+        measure = alpha_measure(drafter, sample, lm_head, temperature, top_k, logit_map)
         return sample_predictions(drafter, sample, lm_head, depth, top_k, greedy=greedy, measure=measure)
     return sample_predictions(drafter, sample, lm_head, depth, top_k, greedy=greedy, prune=tree_depth)
 
@@ -350,7 +353,7 @@ def evaluate(
         _check_layers(info, tuple(layers), config)
         _specforge_note(info, config)
         if temperature > 0:
-            require_sampleable(info, ref)
+            require_sampleable(info)
         head = ref.head() if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         if given_data:  # prompts were held to --limit as they were read
@@ -363,7 +366,8 @@ def evaluate(
         where = str(info.path) if info.path != Path(tmp) else f"captured now from {prompts or 'mtbench'}"
         report = evaluate_samples(drafter, samples, None if head is None else head.lm_head, depth=depth,
                                   tree_top_k=tree_top_k, tree_depth=tree_depth, temperature=temperature,
-                                  answers_temperature=answers, progress=bar.update, against=other, where=where)
+                                  answers_temperature=answers, progress=bar.update, against=other, where=where,
+                                  logit_map=LogitMap() if head is None else head.logit_map)
         bar.close()
     seconds = time.perf_counter() - t1
     report["drafter"] = str(resolve_drafter(drafter_path, ref))

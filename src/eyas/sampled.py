@@ -42,6 +42,7 @@ from torch import Tensor
 from eyas.acceptance import top_ids
 from eyas.errors import EyasError
 from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
+from eyas.logit_map import LogitMap
 from eyas.shift import shift_for_draft
 
 MODES = ("chain", "greedy_draft", "tree")
@@ -49,19 +50,12 @@ BLOCK = 128  # positions or chain starts per block: bounds the fp32 [rows, V] an
 VOCAB_CHUNK = 16384  # lm_head rows made fp32 at a time: no fp32 copy of a large target's lm_head is kept
 
 
-def require_sampleable(info, ref=None) -> None:
-    """What --temperature needs of stored data (its CacheInfo): the target's last hidden state, for p; and of
-    the target (its TargetRef, where given), logits that are lm_head's: where its config transforms them
-    (softcapping, scaling) p is not softmax(lm_head(h) / T), though greedy verdicts keep their argmax."""
+def require_sampleable(info) -> None:
+    """What --temperature needs of stored data (its CacheInfo): the target's last hidden state, for p."""
     if not info.last_hidden:
         raise EyasError(f"{info.path}: --temperature needs the target's last hidden state, which this "
                         f"{info.format} cache does not store", "capture the answers with eyas capture (it "
                         "stores it), or evaluate this cache without --temperature")
-    transforms = [] if ref is None else ref.logit_transforms()
-    if transforms:
-        raise EyasError(f"--target {ref.path}: config.json sets {', '.join(transforms)}: its distribution is not "
-                        "softmax(lm_head(h) / T), which --temperature measures the draft against",
-                        "evaluate without --temperature (greedy verdicts are unchanged by these)")
 
 
 def acceptance_probs(p: Tensor, q: Tensor, top_k: int) -> Tensor:
@@ -77,9 +71,11 @@ def acceptance_probs(p: Tensor, q: Tensor, top_k: int) -> Tensor:
     return torch.stack([chain, greedy, tree], dim=-1).clamp(0.0, 1.0)  # rounding can pass 1 by an ulp
 
 
-def target_probs(last_hidden: Tensor, lm_head: Tensor, temperature: float, cols: Tensor) -> Tensor:
-    """p [R, len(cols)]: softmax(last_hidden @ lm_head.T / T) over the full vocabulary, read at the
-    target ids `cols` (the draft vocabulary). Computed in fp32: bf16 logits (3 significant digits)
+def target_probs(last_hidden: Tensor, lm_head: Tensor, temperature: float, cols: Tensor,
+                 logit_map: LogitMap = LogitMap()) -> Tensor:
+    """p [R, len(cols)]: softmax(logit_map(last_hidden @ lm_head.T) / T) over the full vocabulary (the map: what
+    the target's class does to lm_head's output, eyas.logit_map), read at the target ids `cols` (the draft
+    vocabulary). Computed in fp32: bf16 logits (3 significant digits)
     would move p by several percent at T < 1. lm_head [V, H] is made fp32 a slice at a time (a
     128k x 4096 head would need 2 GB more as a whole)."""
     from eyas.decode.sampling import scaled  # the decoder loads where sampled figures are computed, not with the CLI
@@ -87,7 +83,7 @@ def target_probs(last_hidden: Tensor, lm_head: Tensor, temperature: float, cols:
     h = last_hidden.float()  # [R, H]
     logits = torch.cat([h @ lm_head[v:v + VOCAB_CHUNK].float().T for v in range(0, lm_head.shape[0], VOCAB_CHUNK)],
                        dim=1)  # [R, V]
-    return scaled(logits, temperature).softmax(-1)[:, cols]
+    return scaled(logit_map(logits), temperature).softmax(-1)[:, cols]
 
 
 def answer_depths(sample: dict, rows: Tensor) -> Tensor:
@@ -111,8 +107,8 @@ def first_answer_row(sample: dict) -> int:
     return int(sample["loss_mask"].int().argmax())
 
 
-def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float,
-                  top_k: int) -> Callable[[Tensor, Tensor], Tensor]:
+def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float, top_k: int,
+                  logit_map: LogitMap = LogitMap()) -> Callable[[Tensor, Tensor], Tensor]:
     """The `measure` `sample_predictions` applies at each depth: alpha [N, 3] of the draft's logits
     [N, Vd] against p at the sample positions `rows` [N], for one unshifted sample with its last
     hidden state. Stacked over depths it is alpha [N, depth, 3]; `answer_depths` gives its valid.
@@ -127,7 +123,7 @@ def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float,
     Vd = drafter.lm_head.out_features
     hidden, first = sample["last_hidden"], first_answer_row(sample)
     cols = drafter.to_target_ids(torch.arange(Vd, device=hidden.device))  # target id of each draft id
-    p = torch.cat([target_probs(hidden[r:r + BLOCK], lm_head, temperature, cols)
+    p = torch.cat([target_probs(hidden[r:r + BLOCK], lm_head, temperature, cols, logit_map)
                    for r in range(first, hidden.shape[0], BLOCK)])  # [T - first, Vd]
 
     def measure(logits: Tensor, rows: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ from eyas.embedded import DEFAULT_SPECS, EMBEDDED_DIR, EMBEDDED_NAME, cache_dir,
 from eyas.devices import RUN_OVERHEAD, check_fits_memory, free_bytes, gib
 from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
+from eyas.logit_map import logit_map
 from eyas.target_context import decode_context, sliding_window
 from eyas.target_ref import (
     TargetRef,
@@ -89,6 +90,8 @@ class Target:
         self.vocab_size: int = self.config.vocab_size
         self.decoder = _text_decoder(model)  # LlamaModel, Qwen3Model, ...: embed_tokens, layers, norm
         self.window = sliding_window(self.config.to_dict())  # decoded with a full cache, the window in the masks
+        # what the class does to lm_head's output (Gemma 2's softcapping, Granite's and Cohere's scales)
+        self.logit_map = logit_map(model.config.model_type, self.config, f"target {path}")
         crossed = cross_attention(self.config.to_dict())
         if crossed:
             raise FormatError(f"target {path}: {crossed}", "use a decoder-only target (Llama 3.1 for Llama 3.2 "
@@ -121,13 +124,6 @@ class Target:
         (accelerate's `device_map="auto"`); `cuda:N` keeps it on GPU N.
         """
         ref = TargetRef.resolve(spec, device=device, dtype=dtype)
-        transforms = ref.logit_transforms()
-        if transforms:
-            raise FormatError(
-                f"target {ref.path}: config.json sets {', '.join(transforms)}; eyas computes logits as "
-                "lm_head(final hidden) and would get them wrong",
-                "use a target without logit scaling or softcapping",
-            )
         tokenizer = _tokenizer(ref)  # first: seconds, where the weights take minutes
         placement = _placement(ref, device)
         model = _from_pretrained(ref, placement)
@@ -188,7 +184,7 @@ class Target:
             features = torch.cat([captured[k].to(last.device) for k in layers], dim=-1)
         else:
             features = last.new_empty(*last.shape[:2], 0)
-        logits = self.model.get_output_embeddings()(last) if with_logits else None  # [B, T, V]
+        logits = self.logit_map(self.model.get_output_embeddings()(last)) if with_logits else None  # [B, T, V]
         return TargetOutput(features, last, logits, out.past_key_values)
 
 

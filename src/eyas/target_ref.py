@@ -33,6 +33,7 @@ from eyas.devices import parse_device
 from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
+from eyas.logit_map import FAMILIES, LogitMap, logit_map
 from eyas.weights import UNREADABLE, find_weights, read_tensors, weight_bytes, weight_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -55,8 +56,6 @@ ZERO_CENTERED_NORM = frozenset({
     "gemma", "gemma2", "gemma3", "gemma3_text", "vaultgemma", "recurrent_gemma", "t5gemma", "qwen3_next", "qwen3_5",
     "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m3_vl", "minimax_m3_vl_text"})
 MEAN_CENTERED_NORM = frozenset({"cohere", "cohere2"})  # a LayerNorm without bias: the mean taken out first
-# config fields that change the logits after lm_head: eyas computes them as lm_head(final hidden)
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,8 @@ class TargetHead:
     (speculators/vLLM); `normalize` applies the norm, in fp32, as the target's family does (`offset` 1
     where it scales by 1 + weight: ZERO_CENTERED_NORM; `centered` where it takes the mean out first, Cohere's
     LayerNorm: MEAN_CENTERED_NORM) (eyas.verdict), and `eyas.evaluate.target_greedy` takes the argmax of
-    lm_head over the normed state.
+    lm_head over the normed state. `logit_map` is what the target's class does to lm_head's output (Gemma 2's
+    softcapping; eyas.logit_map): the argmax keeps, a distribution reads it.
     """
 
     lm_head: Tensor  # [V, H]
@@ -75,6 +75,7 @@ class TargetHead:
     eps: float
     offset: float = 0.0
     centered: bool = False
+    logit_map: LogitMap = LogitMap()
 
     def normalize(self, h: Tensor) -> Tensor:
         x = h.float()
@@ -208,7 +209,7 @@ class TargetRef:
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
         eps = float(self.text_config.get("rms_norm_eps") or self.text_config.get("layer_norm_eps") or 1e-6)
         return TargetHead(lm_head, norm, eps, 1.0 if self.model_types() & ZERO_CENTERED_NORM else 0.0,
-                          bool(self.model_types() & MEAN_CENTERED_NORM))
+                          bool(self.model_types() & MEAN_CENTERED_NORM), self.logit_map())
 
     def on_disk(self, name: str) -> str:
         """The name in the target's files of the drafter's `name` (embed_tokens, norm, lm_head: HF_NAMES; lm_head
@@ -230,10 +231,15 @@ class TargetRef:
         """The config's model_type and its language model's (a multimodal target's text_config)."""
         return {t for t in (self.config.get("model_type"), self.text_config.get("model_type")) if isinstance(t, str)}
 
-    def logit_transforms(self) -> list[str]:
-        """The config fields that change the logits after lm_head (softcapping, scaling): eyas computes
-        logits as lm_head(final hidden), so where one is set only the argmax (greedy) is right."""
-        return [k for k in LOGIT_TRANSFORMS if self.text_config.get(k) not in (None, 1.0)]
+    def logit_map(self) -> LogitMap:
+        """What the target's class does to lm_head's output (eyas.logit_map), read from config.json as
+        transformers' class reads it (MiniCPM3's scale is a property of it), else as written; a value its class
+        cannot use is refused naming config.json."""
+        family = self.config.get("model_type")
+        known = isinstance(family, str) and family in FAMILIES  # others: nothing to read, transformers not asked
+        config = self._transformers_config() if known and self.path.is_dir() else None
+        text = self.text_config if config is None else config.get_text_config(decoder=True)
+        return logit_map(family, text, f"--target {self.path}")
 
     def norm_digest(self) -> str | None:
         """A fingerprint of these weights for a capture to record: the SHA-256 of the final norm rounded to

@@ -189,7 +189,10 @@ def target(args: argparse.Namespace, *, weights: bool) -> None:
     from eyas.target_ref import TargetRef
 
     path = target_of(args, weights=weights)
-    ref = TargetRef.resolve(path, weights=False) if answers_prompts(args) and path is not None else None
+    ref = TargetRef.resolve(path, weights=False) if path is not None else None
+    if ref is not None:
+        ref.logit_map()  # refuses a logit scale or softcap its class cannot use, before the weights are read
+    ref = ref if answers_prompts(args) else None
     foreign = ref.foreign_decoder() if ref is not None else None
     if foreign:
         raise EyasError(f"--target {args.target}: {foreign}", "use a Llama-style target (Llama, Qwen2/3, Mistral, "
@@ -246,15 +249,6 @@ def capture_folder(path: str | Path, flag: str, data_format: str | None = None) 
     path = existing(path, flag)
     if data_format == "eyas" or data_format is None and (path / MANIFEST).is_file():
         check_capture(path)
-
-
-def sampled_cache(path: str | Path, data_format: str | None, target_spec: str | None) -> None:
-    """`eval --temperature` on a cache with no last hidden state, or a target whose logits are not lm_head's."""
-    from eyas.data.caches import open_cache
-    from eyas.sampled import require_sampleable
-    from eyas.target_ref import TargetRef
-
-    require_sampleable(open_cache(path, format=data_format).info, TargetRef.resolve(target_spec, weights=False))
 
 
 def dump_file(path: str | Path, target: str | None, flag: str = "--features") -> None:
@@ -398,8 +392,11 @@ def _eval(a: argparse.Namespace) -> None:
         capture_folder(a.data, "--data", getattr(a, "data_format", None))
         if Path(a.data).is_file():
             data_file(a.data, a.target, getattr(a, "data_format", None))
-        if a.temperature:
-            sampled_cache(a.data, getattr(a, "data_format", None), a.target)
+        if a.temperature:  # a cache with no last hidden state
+            from eyas.data.caches import open_cache
+            from eyas.sampled import require_sampleable
+
+            require_sampleable(open_cache(a.data, format=getattr(a, "data_format", None)).info)
     else:
         _format_without_data(getattr(a, "data_format", None), "--data")
         prompts(a.prompts, limit=a.limit)

@@ -96,6 +96,7 @@ class LeanTarget:
         self.rotary = decoder.rotary_emb
         self.norm = _norm(decoder.norm)
         self.lm_head = PackedLinear([target.model.get_output_embeddings()])
+        self.logit_map = target.logit_map
         first = decoder.layers[0].self_attn
         self.head_dim = first.head_dim
         self.heads = target.config.num_attention_heads
@@ -149,7 +150,7 @@ class LeanTarget:
         last = self.norm(h)
         rows = last if logit_rows is None else last[:, logit_rows]
         features = torch.cat([captured[k] for k in capture], dim=-1) if capture else h.new_empty(B, T, 0)
-        return TargetOutput(features, last, self.lm_head(rows), cache)
+        return TargetOutput(features, last, self.logit_map(self.lm_head(rows)), cache)
 
     def _layer_forward(self, i: int, layer: _Layer, h: Tensor, cos: Tensor, sin: Tensor, cache: StaticKV,
                        attn_mask: Tensor | None) -> Tensor:

@@ -51,6 +51,7 @@ class Measurer:
         tgt = cap.target
         self.N, self.H = tgt.num_layers, tgt.hidden_size
         self.lm_head = tgt.model.get_output_embeddings().weight.detach().float()  # [V, H]
+        self.logit_map = tgt.logit_map  # what the target's class does to lm_head's output (eyas.logit_map)
         self.embed = tgt.model.get_input_embeddings().weight.detach().float()  # [V, H]
         decoder = tgt.decoder
         eps = getattr(tgt.config, "rms_norm_eps", 1e-6)
@@ -203,7 +204,7 @@ class Measurer:
         if key in self._log_p and self._log_p[key][0] is states:  # the id of a freed tensor is reused
             self._log_p.move_to_end(key)
             return self._log_p[key][1]
-        table = (states[first:].float() @ self.lm_head[ids].T).log_softmax(-1)  # [T - first, Vd]
+        table = self.logit_map(states[first:].float() @ self.lm_head[ids].T).log_softmax(-1)  # [T - first, Vd]
         self._log_p.pop(key, None)
         self._log_p[key] = states, table
         held = sum(t.nbytes for _, t in self._log_p.values())

@@ -149,8 +149,10 @@ def _last_hidden(target, rows: list[list[int]]) -> Tensor:
 
 
 def _log_probs(target, states: Tensor, temperature: float) -> Tensor:
-    """log_softmax(target logits / T) [n, V] in fp32 on the CPU, from final-normed states [n, H]."""
-    return torch.log_softmax(scaled(target.model.get_output_embeddings()(states).float().cpu(), temperature), -1)
+    """log_softmax(target logits / T) [n, V] in fp32 on the CPU, from final-normed states [n, H] (the logits
+    mapped as the target's class maps lm_head's output: eyas.logit_map)."""
+    logits = target.logit_map(target.model.get_output_embeddings()(states).float().cpu())
+    return torch.log_softmax(scaled(logits, temperature), -1)
 
 
 def _output_stats(pred: SampledPrediction, target, seq: list[int], prompt_len: int, temperature: float) -> None:

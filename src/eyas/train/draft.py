@@ -22,7 +22,8 @@ from eyas.drafter import Drafter
 from eyas.drafter_loading import resolve_drafter
 from eyas.errors import ContractError
 from eyas.formats import read_checkpoint
-from eyas.target import check_fits, target_name, target_tensors
+from eyas.logit_map import LogitMap
+from eyas.target import TargetRef, check_fits, target_name
 from eyas.train.config import TrainConfig, data_folders
 from eyas.train.vocab import build_vocab_map, token_counts, vocab_coverage
 
@@ -37,10 +38,11 @@ class TrainDraft:
     lm_head: Tensor  # the target's output matrix [V, H] fp32: the labels are computed with it
     used: Tensor | None  # the draft vocab's target ids, ascending [Vd]; None: the full vocab
     coverage: float  # share of the training labels inside the draft vocab
+    logit_map: LogitMap = LogitMap()  # what the target's class does to lm_head's output: the labels read it
 
     def to(self, device: torch.device) -> TrainDraft:
         used = None if self.used is None else self.used.to(device)
-        return TrainDraft(self.drafter.to(device), self.lm_head.to(device), used, self.coverage)
+        return TrainDraft(self.drafter.to(device), self.lm_head.to(device), used, self.coverage, self.logit_map)
 
 
 def fresh_draft(config: TrainConfig, tcfg: dict, capture_layers: list[int],
@@ -57,13 +59,13 @@ def fresh_draft(config: TrainConfig, tcfg: dict, capture_layers: list[int],
     contract = base.replace(draft_vocab_size=vd, has_vocab_map=vd < V,
                             **{field: getattr(config, field) for field in _ARCHITECTURE})
     check_fits(contract, tcfg)
-    lm_head, embed = _target_matrices(config)
+    lm_head, embed, logits = _target_matrices(config)
     drafter = Drafter(contract, embed_tokens=embed).init_weights(config.seed)
     with torch.no_grad():
         drafter.lm_head.weight.copy_(lm_head if used is None else lm_head[used])  # [Vd, H]
     if used is not None:
         drafter.set_vocab_map(d2t, t2d)
-    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, t2d))
+    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, t2d), logits)
 
 
 def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
@@ -75,9 +77,9 @@ def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
     base = _base_contract(config, tcfg, capture_layers)
     contract = _init_contract(ckpt.contract, base, config)
     check_fits(contract, tcfg)
-    lm_head, embed = _target_matrices(config)
+    lm_head, embed, logits = _target_matrices(config)
     drafter = _rebuilt(contract, ckpt.tensors, lm_head, embed)
-    return _trained_on(drafter, lm_head, train_set)
+    return _trained_on(drafter, lm_head, logits, train_set)
 
 
 def _base_contract(config: TrainConfig, tcfg: dict, capture_layers: list[int]) -> DraftContract:
@@ -95,8 +97,8 @@ def _base_contract(config: TrainConfig, tcfg: dict, capture_layers: list[int]) -
 def resumed_draft(config: TrainConfig, state: dict[str, Any], train_set: list[dict[str, Tensor]]) -> TrainDraft:
     """The draft of a training checkpoint: its contract and weights (the optimiser is restored apart)."""
     contract = DraftContract.from_dict(state["contract"])
-    lm_head, embed = _target_matrices(config)
-    return _trained_on(_rebuilt(contract, state["model"], lm_head, embed), lm_head, train_set)
+    lm_head, embed, logits = _target_matrices(config)
+    return _trained_on(_rebuilt(contract, state["model"], lm_head, embed), lm_head, logits, train_set)
 
 
 def _rebuilt(contract: DraftContract, tensors: dict[str, Tensor], lm_head: Tensor, embed: Tensor) -> Drafter:
@@ -105,20 +107,22 @@ def _rebuilt(contract: DraftContract, tensors: dict[str, Tensor], lm_head: Tenso
     return Drafter.from_tensors(contract, tensors, **borrowed(contract, embed_tokens=embed, lm_head=lm_head))
 
 
-def _target_matrices(config: TrainConfig) -> tuple[Tensor, Tensor]:
-    """The target's lm_head [V, H] and embed_tokens [V, H], fp32."""
-    t = target_tensors(config.target, ["embed_tokens.weight", "lm_head.weight"])
-    return t["lm_head.weight"].float(), t["embed_tokens.weight"].float()
+def _target_matrices(config: TrainConfig) -> tuple[Tensor, Tensor, LogitMap]:
+    """The target's lm_head [V, H] and embed_tokens [V, H], fp32, and the map its class applies to lm_head's
+    output (eyas.logit_map)."""
+    ref = TargetRef.resolve(config.target)
+    t = ref.tensors(["embed_tokens.weight", "lm_head.weight"])
+    return t["lm_head.weight"].float(), t["embed_tokens.weight"].float(), ref.logit_map()
 
 
-def _trained_on(drafter: Drafter, lm_head: Tensor, train_set: list[dict[str, Tensor]]) -> TrainDraft:
+def _trained_on(drafter: Drafter, lm_head: Tensor, logits: LogitMap, train_set: list[dict[str, Tensor]]) -> TrainDraft:
     """A draft that brings its own vocab map: the labels use its draft vocab."""
     c = drafter.contract
     counts = token_counts(train_set, c.vocab_size)
     if not c.has_vocab_map:
-        return TrainDraft(drafter, lm_head, None, vocab_coverage(counts, None))
+        return TrainDraft(drafter, lm_head, None, vocab_coverage(counts, None), logits)
     used = torch.arange(c.draft_vocab_size) + drafter.d2t.cpu()  # target = draft + d2t[draft]
-    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, drafter.t2d.cpu()))
+    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, drafter.t2d.cpu()), logits)
 
 
 def _init_contract(init: DraftContract, base: DraftContract, config: TrainConfig) -> DraftContract:

@@ -287,7 +287,7 @@ class _Run:
         denom = float(sum(int(train_set[i]["loss_mask"].sum()) for i in batch_ids))
         batch = {k: v.to(self.device) for k, v in pack_batch(mine, self.config.max_len).items()}
         report = forward_backward(self.model, batch, self.label_head, self.draft.used, denom=denom,
-                                  autocast=self.autocast, world_size=self.world_size)
+                                  autocast=self.autocast, world_size=self.world_size, logit_map=self.draft.logit_map)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.draft.drafter.parameters(), self.config.grad_clip))
         loss = float(report[0])
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eyas.drafter import Drafter
+from eyas.logit_map import LogitMap
 from eyas.shift import shift_left
 
 
@@ -28,11 +29,13 @@ def target_probs(
     used: Tensor | None,
     where: Tensor | None = None,
     dtype: torch.dtype = torch.float32,
+    logit_map: LogitMap = LogitMap(),
 ) -> tuple[Tensor, Tensor]:
     """The target's distribution over the draft vocab, and where its argmax is drafted at all.
 
     target_hidden [B, T, H] (final-normed), lm_head [V, H] (the target's), used [Vd] sorted target
-    ids or None (full vocab), where [B, T] bool: the positions that need labels (None: all; the
+    ids or None (full vocab), logit_map what the target's class does to lm_head's output (eyas.logit_map),
+    where [B, T] bool: the positions that need labels (None: all; the
     full-vocab matmul is most of this function's cost, so the others are skipped: p 0, in_vocab
     False). Returns p [B, T, Vd] = softmax(logits[..., used]), renormalised over the draft vocab,
     and in_vocab [B, T] bool = argmax over the FULL vocab is a drafted token (EAGLE's position
@@ -41,7 +44,7 @@ def target_probs(
     """
     if where is None:
         where = torch.ones(target_hidden.shape[:-1], dtype=torch.bool, device=target_hidden.device)
-    logits = (target_hidden[where].to(dtype) @ lm_head.to(dtype).T).float()  # [N, H] -> [N, V]
+    logits = logit_map((target_hidden[where].to(dtype) @ lm_head.to(dtype).T).float())  # [N, H] -> [N, V]
     Vd = logits.shape[-1] if used is None else used.shape[0]
     p = logits.new_zeros(*where.shape, Vd)
     in_vocab = torch.zeros_like(where)
@@ -128,15 +131,16 @@ def forward_backward(
     denom: float,
     autocast: torch.dtype | None,
     world_size: int = 1,
+    logit_map: LogitMap = LogitMap(),
 ) -> Tensor:
     """Labels, TTT unroll, loss and backward on this rank's packed `batch` (from `pack_batch`).
 
-    `model` is `TTTUnroll` (or DDP around it); lm_head [V, H] the target's; used the draft vocab's
-    target ids (None: full vocab); autocast a dtype for the forward or None (fp32). Returns
-    [1 + 3 * steps]: the loss, then `ttt_loss`'s stats, summed over all ranks.
+    `model` is `TTTUnroll` (or DDP around it); lm_head [V, H] the target's, logit_map what its class does to
+    lm_head's output; used the draft vocab's target ids (None: full vocab); autocast a dtype for the forward
+    or None (fp32). Returns [1 + 3 * steps]: the loss, then `ttt_loss`'s stats, summed over all ranks.
     """
     p, in_vocab = target_probs(batch["target_hidden"], lm_head, used, where=batch["loss_mask"],
-                               dtype=autocast or torch.float32)
+                               dtype=autocast or torch.float32, logit_map=logit_map)
     device_type = batch["input_ids"].device.type
     with torch.autocast(device_type, dtype=autocast) if autocast else contextlib.nullcontext():
         loss, stats = model(batch, p, batch["loss_mask"] & in_vocab, denom)
