@@ -470,7 +470,8 @@ def test_a_head_of_other_shapes_than_the_config_says_is_refused(tmp_path):
     assert TargetRef.resolve(_head_only(tmp_path / "ok", config, good)).head().lm_head.shape == (12, 8)
     gemma = _head_only(tmp_path / "gemma", {**config, "text_config": {**config, "model_type": "gemma3_text"},
                                             "model_type": "gemma3"}, good)
-    assert TargetRef.resolve(gemma).head().offset == 1.0 and TargetRef.resolve(tmp_path / "ok").head().offset == 0
+    assert TargetRef.resolve(gemma).head().norm.offset == 1.0
+    assert TargetRef.resolve(tmp_path / "ok").head().norm.offset == 0
     for name, bad, said in (("model.norm.weight", torch.ones(4), r"model.norm.weight is \[4\], config.json says \[8\]"),
                             ("lm_head.weight", torch.randn(10, 8), r"lm_head.weight is \[10, 8\], config.json says "
                                                                    r"\[12, 8\]")):
@@ -487,7 +488,7 @@ def test_the_final_norm_is_applied_as_the_targets_family_does(family):
     import importlib
     import inspect
 
-    from eyas.target_ref import MEAN_CENTERED_NORM, ZERO_CENTERED_NORM, TargetHead
+    from eyas.target_head import TargetNorm
 
     module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     [norm_class] = [c for n, c in vars(module).items() if n.endswith(("RMSNorm", "LayerNorm")) and inspect.isclass(c)]
@@ -495,10 +496,76 @@ def test_the_final_norm_is_applied_as_the_targets_family_does(family):
     with torch.no_grad():
         theirs.weight.normal_()
     h = torch.randn(5, 16) * 3 + 1.5  # a mean to take out
-    offset = 1.0 if family in ZERO_CENTERED_NORM else 0.0
-    ours = TargetHead(torch.zeros(1, 16), theirs.weight.detach().clone(), 1e-6, offset,
-                      family in MEAN_CENTERED_NORM).normalize(h)
+    ours = TargetNorm.of(theirs.weight.detach().clone(), {family}, {"rms_norm_eps": 1e-6})(h)
     torch.testing.assert_close(ours, theirs(h).float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rms_norm_eps", [None, 1e-6])
+def test_cohere2_moes_final_norm_is_what_its_config_builds(rms_norm_eps):
+    """Cohere2-MoE builds a LayerNorm for its final norm unless its config sets rms_norm_eps (then an RMSNorm):
+    a pre-norm cache of it was judged as an RMSNorm either way."""
+    import transformers
+
+    from eyas.target_head import TargetNorm
+
+    config = transformers.Cohere2MoeConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=rms_norm_eps)
+    theirs = transformers.Cohere2MoeModel(config).norm
+    with torch.no_grad():
+        theirs.weight.normal_()
+    h = torch.randn(5, 16) * 3 + 1.5
+    ours = TargetNorm.of(theirs.weight.detach().clone(), {"cohere2_moe"}, config.to_dict())(h)
+    torch.testing.assert_close(ours, theirs(h).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_doctor_applies_a_gemma_targets_norms_as_gemma_does(tmp_path):
+    """Gemma's norms scale by 1 + weight (stored zero-centred): the doctor applied them as Llama's, so an engine
+    dump of Gemma states through the final norm, or through a layer's input norm, matched no state."""
+    import transformers
+
+    from eyas.doctor import collect
+    from eyas.doctor.dumps import match_dump
+    from eyas.doctor.measure import Measurer
+    from eyas.formats import read_checkpoint
+
+    folder = save_tiny_target(tmp_path / "gemma")
+    config = transformers.Gemma2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, eos_token_id=1,
+                                       pad_token_id=0, bos_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.5)  # zero-centred weights, as trained ones are
+    model.save_pretrained(folder)
+    assert main(["init", str(tmp_path / "draft"), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    (tmp_path / "p.txt").write_text("hello there\n")
+    cap = collect(Target.load(folder), tmp_path / "p.txt", limit=1, max_new_tokens=8, progress=False)
+    sample, decoder = cap.samples[0], cap.target.decoder
+    with torch.no_grad():
+        chunks = [sample["states"][:, 1], decoder.norm(sample["states"][:, 2]),
+                  decoder.layers[3].input_layernorm(sample["states"][:, 3])]
+    found = match_dump(torch.cat(chunks, -1), sample, Measurer(read_checkpoint(tmp_path / "draft"), cap))
+    assert [(c["layer"], c["state"], c["shift"]) for c in found] == [(1, "raw", 0), (2, "final_norm", 0),
+                                                                       (3, "input_norm", 0)]
+
+
+def test_the_doctor_runs_a_target_whose_layers_have_no_input_norm(tmp_path):
+    """OLMo 2 normalises after attention and MLP, not before: the doctor read every layer's input_layernorm and
+    stopped with an AttributeError's traceback."""
+    import transformers
+
+    folder = save_tiny_target(tmp_path / "olmo2")
+    config = transformers.Olmo2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, eos_token_id=1, pad_token_id=0,
+                                      bos_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.Olmo2ForCausalLM(config).save_pretrained(folder)
+    assert main(["init", str(tmp_path / "draft"), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    (tmp_path / "p.txt").write_text("hello there\nthe cat sat\n")
+    assert main(["doctor", str(tmp_path / "draft"), "--target", str(folder), "--prompts", str(tmp_path / "p.txt"),
+                 "--limit", "2", "--max-new-tokens", "8", "--no-progress"]) in (0, 1)  # a verdict, either way
 
 
 def test_sampled_acceptance_reads_the_logits_as_the_targets_class_does(sharded, tmp_path, capsys):

@@ -34,6 +34,7 @@ from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
 from eyas.logit_map import FAMILIES, LogitMap, logit_map
+from eyas.target_head import TargetHead, TargetNorm
 from eyas.weights import UNREADABLE, find_weights, read_tensors, weight_bytes, weight_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -48,40 +49,6 @@ HF_NAMES = {
 # Idefics3's and SmolVLM's `model.text_model.`
 LANGUAGE_MODEL = {"model.": ("model.language_model.", "language_model.model.", "model.text_model."),
                   "": ("language_model.",)}
-
-
-# model types whose RMSNorm scales by (1 + weight), the weight stored zero-centred (Gemma's, Qwen3-Next's):
-# transformers' own classes, each probed in tests/test_real_targets.py; every other family scales by weight
-ZERO_CENTERED_NORM = frozenset({
-    "gemma", "gemma2", "gemma3", "gemma3_text", "vaultgemma", "recurrent_gemma", "t5gemma", "qwen3_next", "qwen3_5",
-    "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m3_vl", "minimax_m3_vl_text"})
-MEAN_CENTERED_NORM = frozenset({"cohere", "cohere2"})  # a LayerNorm without bias: the mean taken out first
-
-
-@dataclass(frozen=True)
-class TargetHead:
-    """What turns the target's last hidden state into its verdict: the final RMSNorm and lm_head.
-
-    Caches store the last state either after the final norm (SpecForge, ModelOpt, eyas) or before it
-    (speculators/vLLM); `normalize` applies the norm, in fp32, as the target's family does (`offset` 1
-    where it scales by 1 + weight: ZERO_CENTERED_NORM; `centered` where it takes the mean out first, Cohere's
-    LayerNorm: MEAN_CENTERED_NORM) (eyas.verdict), and `eyas.evaluate.target_greedy` takes the argmax of
-    lm_head over the normed state. `logit_map` is what the target's class does to lm_head's output (Gemma 2's
-    softcapping; eyas.logit_map): the argmax keeps, a distribution reads it.
-    """
-
-    lm_head: Tensor  # [V, H]
-    norm: Tensor  # [H]
-    eps: float
-    offset: float = 0.0
-    centered: bool = False
-    logit_map: LogitMap = LogitMap()
-
-    def normalize(self, h: Tensor) -> Tensor:
-        x = h.float()
-        x = x - x.mean(-1, keepdim=True) if self.centered else x
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.norm.float() + self.offset) * x
 
 
 @dataclass(frozen=True)
@@ -207,9 +174,7 @@ class TargetRef:
             if list(t.shape) != want:
                 raise FormatError(f"{self.folder}: {self.on_disk(name)} is {list(t.shape)}, config.json says {want} "
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
-        eps = float(self.text_config.get("rms_norm_eps") or self.text_config.get("layer_norm_eps") or 1e-6)
-        return TargetHead(lm_head, norm, eps, 1.0 if self.model_types() & ZERO_CENTERED_NORM else 0.0,
-                          bool(self.model_types() & MEAN_CENTERED_NORM), self.logit_map())
+        return TargetHead(lm_head, TargetNorm.of(norm, self.model_types(), self.text_config), self.logit_map())
 
     def on_disk(self, name: str) -> str:
         """The name in the target's files of the drafter's `name` (embed_tokens, norm, lm_head: HF_NAMES; lm_head

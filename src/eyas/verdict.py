@@ -22,7 +22,7 @@ import torch
 
 from eyas.data.values import check_ids
 from eyas.errors import FormatError
-from eyas.target_ref import TargetHead
+from eyas.target_head import TargetHead
 
 if TYPE_CHECKING:
     from eyas.data.caches import CacheInfo

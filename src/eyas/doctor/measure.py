@@ -22,11 +22,12 @@ from eyas.contract import DraftContract, expected_shapes
 from eyas.doctor.capture import Capture
 from eyas.doctor.stats import DEPTH, FLOOR, Outcome, rejected
 from eyas.doctor.wiring import Wiring, stored_ids
-from eyas.drafter import Drafter, RMSNorm
+from eyas.drafter import Drafter
 from eyas.errors import ContractError, EyasError
 from eyas.evaluate import sample_predictions, target_greedy
 from eyas.formats import Checkpoint, target_facts
 from eyas.sampled import first_answer_row
+from eyas.target_head import TargetNorm
 
 # Bytes of target log-probability tables kept between wirings (`Measurer._target_log_probs`). One
 # table is [answer rows, draft vocab] fp32: 2,000 rows of a dump over a 128k vocabulary are 1 GB,
@@ -53,10 +54,14 @@ class Measurer:
         self.lm_head = tgt.model.get_output_embeddings().weight.detach().float()  # [V, H]
         self.logit_map = tgt.logit_map  # what the target's class does to lm_head's output (eyas.logit_map)
         self.embed = tgt.model.get_input_embeddings().weight.detach().float()  # [V, H]
-        decoder = tgt.decoder
-        eps = getattr(tgt.config, "rms_norm_eps", 1e-6)
-        self.final_norm = _norm(decoder.norm.weight, eps)
-        self.input_norms = [_norm(layer.input_layernorm.weight, eps) for layer in decoder.layers]
+        decoder, types, text = tgt.decoder, {tgt.model.config.model_type, tgt.config.model_type}, tgt.config.to_dict()
+
+        def norm(module: torch.nn.Module | None) -> TargetNorm | None:  # as the family computes it: Gemma's 1 + w
+            return None if module is None else TargetNorm.of(module.weight.detach().float(), types, text)
+
+        self.final_norm = norm(decoder.norm)
+        # None where a layer has no input norm (OLMo 2 normalises after attention and MLP)
+        self.input_norms = [norm(getattr(layer, "input_layernorm", None)) for layer in decoder.layers]
         self.target_theta = target_facts(tgt.config.to_dict())["rope_theta"]
         self._greedy: list[Tensor] | None = None  # see `greedy`
         self._recovered: Tensor | None | bool = False  # False: not computed yet
@@ -225,13 +230,6 @@ class Measurer:
         c = self.contract.replace(draft_vocab_size=len(rows))
         sample = recover_vocab_map(self.ckpt.tensors["lm_head.weight"][rows], self.lm_head, c)
         return sample is None or bool((sample != ids[rows]).float().mean() > 0.1)
-
-def _norm(weight: Tensor, eps: float) -> RMSNorm:
-    """An RMSNorm holding a copy of the target's weight (the drafter's norm, so one formula)."""
-    norm = RMSNorm(weight.shape[0], eps)
-    norm.weight = torch.nn.Parameter(weight.detach().float().clone(), requires_grad=False)
-    return norm
-
 
 def recover_vocab_map(draft_head: Tensor | None, target_head: Tensor, c: DraftContract) -> Tensor | None:
     """Target id of each draft id, read off lm_head: each draft row's most similar target row.
