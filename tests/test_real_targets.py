@@ -17,6 +17,7 @@ from eyas.data import capture
 from eyas.devices import on_gpu, parse_device
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
+from eyas.engines.predict import predict
 from eyas.evaluate import eval_dtype, target_greedy
 from eyas.target import Target
 from eyas.target_ref import TargetRef
@@ -566,6 +567,43 @@ def test_the_doctor_runs_a_target_whose_layers_have_no_input_norm(tmp_path):
     (tmp_path / "p.txt").write_text("hello there\nthe cat sat\n")
     assert main(["doctor", str(tmp_path / "draft"), "--target", str(folder), "--prompts", str(tmp_path / "p.txt"),
                  "--limit", "2", "--max-new-tokens", "8", "--no-progress"]) in (0, 1)  # a verdict, either way
+
+
+@pytest.mark.parametrize("family", ["starcoder2", "stablelm", "phimoe", "nemotron", "jais2"])
+def test_a_layer_norm_head_read_alone_gives_the_targets_logits(family, tmp_path):
+    """Their final norm is a LayerNorm with a bias (Nemotron's scales by 1 + weight too): a cache stored before it
+    (speculators) was judged as Llama's RMSNorm, the bias unread, its logits off by 3 to 8 on tiny models."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(family, vocab_size=48, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()  # Phi-3.5-MoE's router jitters in training
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)  # a bias and weights far from 0 and 1
+    model.save_pretrained(tmp_path / family)
+    head = TargetRef.resolve(tmp_path / family).head()
+    assert head.norm.bias is not None and head.norm.centered
+    target = Target.load(tmp_path / family)
+    ids = torch.randint(3, 40, (1, 6))
+    before_norm = target.forward(ids, (target.num_layers,)).features[0]  # what a speculators cache stores
+    torch.testing.assert_close(head.normalize(before_norm) @ head.lm_head.float().T, model(input_ids=ids).logits[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_head_that_adds_a_bias_is_refused_where_eyas_would_leave_it_out(tmp_path):
+    """Phi-3.5-MoE's lm_head adds a bias (lm_head_bias): verdicts from lm_head.weight alone would leave it out."""
+    import transformers
+
+    config = transformers.PhimoeConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, lm_head_bias=True)
+    transformers.PhimoeForCausalLM(config).save_pretrained(tmp_path / "phimoe")
+    with pytest.raises(EyasError, match=r"the target's lm_head adds a bias \(lm_head.bias"):
+        TargetRef.resolve(tmp_path / "phimoe").head()
+    with pytest.raises(EyasError, match="the target's lm_head adds a bias"):
+        predict(None, Target.load(tmp_path / "phimoe"), [1], [[3]], [[4]], 1)
 
 
 def test_sampled_acceptance_reads_the_logits_as_the_targets_class_does(sharded, tmp_path, capsys):

@@ -14,15 +14,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from eyas.errors import FormatError
 from eyas.logit_map import LogitMap
 
-# model types whose RMSNorm scales by (1 + weight), the weight stored zero-centred (Gemma's, Qwen3-Next's):
-# transformers' own classes, each probed in tests/test_real_targets.py; every other family scales by weight
+# model types whose norms scale by (1 + weight), the weight stored zero-centred (Gemma's, Qwen3-Next's RMSNorm,
+# Nemotron's LayerNorm1P): transformers' own classes, each probed in tests/test_real_targets.py; every other
+# family scales by weight
 ZERO_CENTERED_NORM = frozenset({
     "gemma", "gemma2", "gemma3", "gemma3_text", "vaultgemma", "recurrent_gemma", "t5gemma", "qwen3_next", "qwen3_5",
-    "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m3_vl", "minimax_m3_vl_text"})
-# a LayerNorm without bias: the mean taken out first; Cohere2-MoE's is one unless its config sets rms_norm_eps
-MEAN_CENTERED_NORM = frozenset({"cohere", "cohere2", "cohere_compass", "cohere_compass_text"})
+    "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m3_vl", "minimax_m3_vl_text", "nemotron"})
+# a LayerNorm without bias (OLMo's has no weight either): the mean taken out first (a LayerNorm with one,
+# StarCoder2's, StableLM's, Phi-3.5-MoE's, says so by its bias); Cohere2-MoE's is one unless its config sets
+# rms_norm_eps
+MEAN_CENTERED_NORM = frozenset({"cohere", "cohere2", "cohere_compass", "cohere_compass_text", "olmo"})
+EPS_FIELDS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "norm_eps")  # by family
 LAYER_NORM_UNLESS_RMS_EPS = frozenset({"cohere2_moe"})
 
 
@@ -36,26 +41,30 @@ def mean_centered(model_types: set[str], text: dict) -> bool:
 @dataclass(frozen=True)
 class TargetNorm:
     """One of the target's norms as its family computes it, in fp32: `offset` 1 where it scales by 1 + weight
-    (ZERO_CENTERED_NORM), `centered` where it takes the mean out first (Cohere's LayerNorm: `mean_centered`).
-    The final norm judges a cache stored before it (eyas.verdict); the doctor applies the final and input norms
-    to the states a miswired engine would feed."""
+    (ZERO_CENTERED_NORM), `centered` where it takes the mean out first (a LayerNorm: Cohere's, `mean_centered`,
+    or one with a `bias`, added last). The final norm judges a cache stored before it (eyas.verdict); the doctor
+    applies the final and input norms to the states a miswired engine would feed."""
 
     weight: Tensor  # [H]
     eps: float
     offset: float = 0.0
     centered: bool = False
+    bias: Tensor | None = None  # [H]
 
     @classmethod
-    def of(cls, weight: Tensor, model_types: set[str], text: dict) -> TargetNorm:
-        """A norm of `weight` in the family of `model_types`, its eps read from the language model's config."""
-        eps = float(text.get("rms_norm_eps") or text.get("layer_norm_eps") or 1e-6)
-        return cls(weight, eps, 1.0 if model_types & ZERO_CENTERED_NORM else 0.0, mean_centered(model_types, text))
+    def of(cls, weight: Tensor, model_types: set[str], text: dict, bias: Tensor | None = None) -> TargetNorm:
+        """A norm of `weight` (and `bias`) in the family of `model_types`, its eps read from the language model's
+        config under its family's name for it."""
+        eps = float(next((text[k] for k in EPS_FIELDS if text.get(k)), 1e-6))
+        return cls(weight, eps, 1.0 if model_types & ZERO_CENTERED_NORM else 0.0,
+                   mean_centered(model_types, text) or bias is not None, bias)
 
     def __call__(self, h: Tensor) -> Tensor:
         x = h.float()
         x = x - x.mean(-1, keepdim=True) if self.centered else x
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() + self.offset) * x
+        x = (self.weight.float() + self.offset) * x
+        return x if self.bias is None else x + self.bias.float()
 
 
 @dataclass(frozen=True)
@@ -75,3 +84,13 @@ class TargetHead:
 
     def normalize(self, h: Tensor) -> Tensor:
         return self.norm(h)
+
+
+def refuse_head_bias(biased: bool, where: str) -> None:
+    """eyas's verdicts read lm_head.weight alone (a cache's, the doctor's, serve-check's): the lm_head of a
+    target that adds a bias (Phi-3.5-MoE's `lm_head_bias`) would be judged without it, silently."""
+    if biased:
+        raise FormatError(f"{where}: the target's lm_head adds a bias (lm_head.bias, Phi-3.5-MoE's lm_head_bias), "
+                          "which eyas's verdicts from lm_head.weight leave out",
+                          "generate and bench run such a target whole; eval, the doctor and serve-check cannot "
+                          "judge a draft for it")

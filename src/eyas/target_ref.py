@@ -34,7 +34,7 @@ from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
 from eyas.logit_map import FAMILIES, LogitMap, logit_map
-from eyas.target_head import TargetHead, TargetNorm
+from eyas.target_head import TargetHead, TargetNorm, refuse_head_bias
 from eyas.weights import UNREADABLE, find_weights, read_tensors, weight_bytes, weight_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -42,6 +42,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 HF_NAMES = {
     "embed_tokens.weight": "model.embed_tokens.weight",
     "norm.weight": "model.norm.weight",
+    "norm.bias": "model.norm.bias",  # a LayerNorm's (StarCoder2's, StableLM's): absent from an RMSNorm's files
     "lm_head.weight": "lm_head.weight",  # absent from the files when tied to embed_tokens
 }
 # where a multimodal target's files hold those under its language model: Llama's prefix -> transformers' current
@@ -167,14 +168,17 @@ class TargetRef:
         """The final norm and lm_head on this ref's device, lm_head in `dtype` (default: the ref's); either of
         another shape than config.json says is refused (a norm of the wrong width failed in the product, an
         lm_head of fewer rows judged over fewer tokens, unsaid)."""
+        refuse_head_bias(self._stored("lm_head.bias") is not None, f"--target {self.folder}")
         lm_head = self.tensors(["lm_head.weight"], dtype=dtype or self.dtype, device=self.device)["lm_head.weight"]
         norm = self.tensors(["norm.weight"], device=self.device)["norm.weight"]
+        bias = self.tensors(["norm.bias"], device=self.device)["norm.bias"] if self._stored(HF_NAMES["norm.bias"]) \
+            else None
         H, V = self.hidden_size, self.vocab_size
-        for name, t, want in (("norm.weight", norm, [H]), ("lm_head.weight", lm_head, [V, H])):
-            if list(t.shape) != want:
+        for name, t, want in (("norm.weight", norm, [H]), ("norm.bias", bias, [H]), ("lm_head.weight", lm_head, [V, H])):
+            if t is not None and list(t.shape) != want:
                 raise FormatError(f"{self.folder}: {self.on_disk(name)} is {list(t.shape)}, config.json says {want} "
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
-        return TargetHead(lm_head, TargetNorm.of(norm, self.model_types(), self.text_config), self.logit_map())
+        return TargetHead(lm_head, TargetNorm.of(norm, self.model_types(), self.text_config, bias), self.logit_map())
 
     def on_disk(self, name: str) -> str:
         """The name in the target's files of the drafter's `name` (embed_tokens, norm, lm_head: HF_NAMES; lm_head

@@ -27,7 +27,7 @@ from eyas.errors import ContractError, EyasError
 from eyas.evaluate import sample_predictions, target_greedy
 from eyas.formats import Checkpoint, target_facts
 from eyas.sampled import first_answer_row
-from eyas.target_head import TargetNorm
+from eyas.target_head import TargetNorm, refuse_head_bias
 
 # Bytes of target log-probability tables kept between wirings (`Measurer._target_log_probs`). One
 # table is [answer rows, draft vocab] fp32: 2,000 rows of a dump over a 128k vocabulary are 1 GB,
@@ -51,13 +51,18 @@ class Measurer:
         self.ckpt, self.cap, self.contract = ckpt, cap, ckpt.contract
         tgt = cap.target
         self.N, self.H = tgt.num_layers, tgt.hidden_size
+        refuse_head_bias(tgt.model.get_output_embeddings().bias is not None, f"target {tgt.path}")
         self.lm_head = tgt.model.get_output_embeddings().weight.detach().float()  # [V, H]
         self.logit_map = tgt.logit_map  # what the target's class does to lm_head's output (eyas.logit_map)
         self.embed = tgt.model.get_input_embeddings().weight.detach().float()  # [V, H]
         decoder, types, text = tgt.decoder, {tgt.model.config.model_type, tgt.config.model_type}, tgt.config.to_dict()
 
         def norm(module: torch.nn.Module | None) -> TargetNorm | None:  # as the family computes it: Gemma's 1 + w
-            return None if module is None else TargetNorm.of(module.weight.detach().float(), types, text)
+            if module is None:
+                return None
+            weight, bias = (getattr(module, name, None) for name in ("weight", "bias"))
+            weight = torch.ones(self.H, device=self.lm_head.device) if weight is None else weight.detach().float()
+            return TargetNorm.of(weight, types, text, None if bias is None else bias.detach().float())
 
         self.final_norm = norm(decoder.norm)
         # None where a layer has no input norm (OLMo 2 normalises after attention and MLP)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from eyas.decode.sampling import scaled
 from eyas.evaluate import sample_predictions, target_greedy
+from eyas.target_head import refuse_head_bias
 
 
 @dataclass
@@ -68,6 +69,7 @@ def predict(drafter, target, layers: list[int], prompts: list[list[int]], output
     """eyas's acceptance for `drafter` (a Drafter) fed the target's states at `layers`, on the engine's
     `outputs` to `prompts` (token ids). The target runs where it was loaded; the draft and the
     comparison run on the CPU."""
+    refuse_head_bias(target.model.get_output_embeddings().bias is not None, f"target {target.path}")
     lm_head = target.model.get_output_embeddings().weight.float().cpu()  # [V, H]
     pred = Prediction(accepted_by_position=[0] * k)
     for prompt, out in zip(prompts, outputs):
