@@ -9,6 +9,7 @@ acceptance, rejection, bonus tokens and the gathering of accepted tree branches 
 from __future__ import annotations
 
 import random
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -311,6 +312,57 @@ def test_a_sliding_window_target_is_decoded_past_its_window(tmp_path, family):
     assert sliding_window({"sliding_window": 32768, "use_sliding_window": False}) is None  # Qwen2's, switched off
     assert sliding_window({"sliding_window": 64, "layer_types": ["full_attention"] * 2}) is None
     assert sliding_window({"sliding_window": 64, "layer_types": ["linear_attention", "sliding_attention"]}) is None
+
+
+def paths_to(tree: DraftTree, i: int) -> list[int]:
+    """The nodes from the root to node i, root included."""
+    return paths_to(tree, tree.parents[i]) + [i] if i else [0]
+
+
+def test_a_llama4_target_is_decoded_past_its_chunks_and_scale_floors(tmp_path, monkeypatch):
+    """Llama 4's chunked-attention layers got a cache eyas cannot trim, and generate refused the target. It is
+    decoded as a sliding-window target is: a full cache, the chunk in the masks (transformers' for chains, eyas's
+    for trees). Its NoPE layers scale queries by a step function of positions transformers counts from the cache
+    length, so a tree straddling a step would be scaled for other positions than its nodes': such a round
+    verifies the nodes before the step. Token for token as transformers' generate, with chunks of 8 and floors
+    of 16 (8192 both in the published configs), answers crossing several of each."""
+    import transformers
+
+    verify_mod = sys.modules["eyas.decode.verify"]  # eyas.decode.verify is also the name of a function
+    config = transformers.Llama4TextConfig(
+        **GREEDY_TARGET, intermediate_size_mlp=128, attention_chunk_size=8, floor_scale=16, attn_scale=4.0,
+        num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2, initializer_range=0.3,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    transformers.Llama4ForCausalLM(config).save_pretrained(tmp_path)
+    target = Target.load(tmp_path)
+    assert (target.chunk, target.scale_floor) == (8, 16)
+    drafter = cheat_drafter(target, tiny_contract(draft_vocab_size=256))
+    prompt = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(0))
+    ref = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=40,
+                                pad_token_id=0)
+    shapes = ({"draft_tokens": 6}, {"tree": (6, 3, 12)}, {})
+    for shape in shapes:
+        drafter.arm(int(prompt[0, 0]), greedy_oracle(ref), hit=0.9, seed=0)
+        out, _ = generate(target, drafter if shape else None, prompt, max_new_tokens=40, **shape)
+        assert out.tolist() == ref.tolist(), shape
+    with monkeypatch.context() as m:  # without the chunk in the tree masks
+        plain = verify_mod.tree_attention_mask
+        m.setattr(verify_mod, "tree_attention_mask", lambda *a, chunk=None, **k: plain(*a, **k))
+        drafter.arm(int(prompt[0, 0]), greedy_oracle(ref), hit=0.9, seed=0)
+        assert generate(target, drafter, prompt, max_new_tokens=40, tree=(6, 3, 12))[0].tolist() != ref.tolist()
+    # a tree straddling the floor at 16: every node kept is scored as a forward over its own path scores it
+    tokens = ref[0, :20]
+    tree = DraftTree(tokens[12:20], [-1, 0, 0, 1, 1, 2, 3, 4], [0, 1, 1, 2, 2, 2, 3, 3])  # node 3: at 14, scaled for 15
+    assert len(verify_mod.placed_nodes(target, tree, 12).parents) == 3 and verify_mod.placed_nodes(
+        target, tree, 0) is tree  # far from the floor: whole
+    for placed in (verify_mod.placed_nodes(target, tree, 12), tree):
+        cache = verify_mod.prefill(target, tokens[None, :12], [], 64).past_key_values
+        logits = verify_mod.verify(target, placed, cache, 12, []).logits[0]
+        paths = [paths_to(placed, i) for i in range(len(placed.parents))]
+        own = [target.model(torch.cat([tokens[:12], placed.tokens[p]])[None]).logits[0, -1] for p in paths]
+        same = [torch.allclose(logits[i], own[i], atol=1e-4) for i in range(len(own))]
+        assert all(same) == (placed is not tree), same
 
 
 def test_a_tree_wider_than_its_budget_drafts_the_budget_s_width():

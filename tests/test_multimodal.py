@@ -112,10 +112,10 @@ def test_a_multimodal_target_captures_what_its_own_forward_computes(folders, fam
     assert torch.allclose(head.normalize(out.features[..., 64:]) @ head.lm_head.float().T, own.logits, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "mistral3", "qwen2_5_vl", "llava", "smol_vlm"])
+@pytest.mark.parametrize("family", ["gemma3", "mistral3", "qwen2_5_vl", "llava", "smol_vlm", "llama4"])
 def test_a_multimodal_target_is_decoded_token_for_token(folders, family):
     """Chains, a tree and the target alone, as the whole model's own generate on text; Gemma 3's answers run
-    past its sliding window (8) through alternating layers."""
+    past its sliding window (8) through alternating layers, Llama 4's past its attention chunks (16)."""
     target = Target.load(folders[family])
     drafter = cheat_drafter(target, tiny_contract(vocab_size=48, draft_vocab_size=48, hidden_size=32, head_dim=8,
                                                   intermediate_size=64, target_hidden_size=32, capture_layers=LAYERS))
@@ -130,15 +130,16 @@ def test_a_multimodal_target_is_decoded_token_for_token(folders, family):
 
 
 def test_the_command_line_runs_a_multimodal_target_or_says_why_not(folders, tmp_path, capsys):
-    """Mistral 3 has no causal-LM class: generate answers with it. Llama 4's chunked attention keeps a cache eyas
-    cannot trim: refused from its config, before the load; its capture runs."""
+    """Mistral 3 has no causal-LM class: generate answers with it. Llama 4's chunked attention kept a cache eyas
+    could not trim, and generate refused it: now it decodes, and captures."""
     draft = tmp_path / "draft"
     assert main(["init", str(draft), "--target", str(folders["mistral3"]), "--capture-layers", "1,2,4"]) == 0
     assert main(["generate", str(draft), "--target", str(folders["mistral3"]), "--prompt", "hello there",
                  "--max-new-tokens", "8", "--draft-tokens", "3"]) == 0
     capsys.readouterr()
-    assert main(["generate", "--target", str(folders["llama4"]), "--prompt", "hello", "--max-new-tokens", "8"]) == 2
-    assert "its layers include chunked_attention (model_type 'llama4')" in capsys.readouterr().err
+    assert main(["init", str(tmp_path / "draft4"), "--target", str(folders["llama4"]), "--capture-layers", "1,2,4"]) == 0
+    assert main(["generate", str(tmp_path / "draft4"), "--target", str(folders["llama4"]), "--prompt", "hello",
+                 "--max-new-tokens", "8", "--tree", "3,2,4"]) == 0
     assert main(["generate", "--target", str(folders["mllama"]), "--prompt", "hello", "--max-new-tokens", "8"]) == 2
     assert "has cross-attention layers [1] (model_type 'mllama_text_model'), skipped on text" in capsys.readouterr().err
     with pytest.raises(FormatError, match="skipped on text: eyas captures and decodes decoder-only language models"):

@@ -31,7 +31,7 @@ from eyas.devices import RUN_OVERHEAD, check_fits_memory, free_bytes, gib
 from eyas.dtypes import short_name
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.logit_map import logit_map
-from eyas.target_context import decode_context, sliding_window
+from eyas.target_context import attention_chunk, decode_context, scale_floor, sliding_window
 from eyas.target_ref import (
     TargetRef,
     cross_attention,
@@ -90,6 +90,8 @@ class Target:
         self.vocab_size: int = self.config.vocab_size
         self.decoder = _text_decoder(model)  # LlamaModel, Qwen3Model, ...: embed_tokens, layers, norm
         self.window = sliding_window(self.config.to_dict())  # decoded with a full cache, the window in the masks
+        self.chunk = attention_chunk(self.config.to_dict())  # Llama 4's chunked layers: as the window is
+        self.scale_floor = scale_floor(self.config.to_dict())  # Llama 4's NoPE query scale (eyas.decode.verify)
         # what the class does to lm_head's output (Gemma 2's softcapping, Granite's and Cohere's scales)
         self.logit_map = logit_map(model.config.model_type, self.config, f"target {path}")
         crossed = cross_attention(self.config.to_dict())

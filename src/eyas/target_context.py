@@ -40,6 +40,26 @@ def sliding_window(text: Mapping[str, Any]) -> int | None:
     return window
 
 
+def attention_chunk(text: Mapping[str, Any]) -> int | None:
+    """The chunk Llama 4's chunked-attention layers attend within (`attention_chunk_size`, where `layer_types` names
+    chunked_attention), or None. Decoded as a window is: a full cache eyas can trim, the chunk in the masks."""
+    chunk, kinds = text.get("attention_chunk_size"), text.get("layer_types")
+    if not isinstance(chunk, int) or chunk <= 0 or not isinstance(kinds, list) or "chunked_attention" not in kinds:
+        return None
+    return chunk
+
+
+def scale_floor(text: Mapping[str, Any]) -> int | None:
+    """Llama 4's NoPE layers scale their queries by log1p(floor((p + 1) / floor_scale)) * attn_scale + 1, p
+    counted by transformers from the cache's length, not read from position_ids: a tree node at index i is
+    scaled for position n + i, not its n + depth. The scale steps only where p + 1 reaches a multiple of the
+    floor (8192): that floor, where some layer scales so (a 0 in `no_rope_layers`), else None."""
+    floor, rope = text.get("floor_scale"), text.get("no_rope_layers")
+    if not text.get("attn_temperature_tuning") or not isinstance(rope, list) or 0 not in rope:
+        return None
+    return floor if isinstance(floor, int) and floor > 0 else None
+
+
 def decode_context(text: Mapping[str, Any], context: int | None = None) -> int | None:
     """The longest sequence eyas decodes the target of config `text` in: its max_position_embeddings (`context`
     where a config object read it through an alias), or for longrope the shorter original length."""

@@ -315,7 +315,7 @@ class TargetRef:
     def undecodable(self) -> str | None:
         """Why eyas's decoding cannot run this target (None: it can): layers, as transformers reads its config,
         whose cache eyas cannot cut back to the accepted tokens (linear attention's and Mamba's states,
-        convolutions', chunked attention's). `eyas.decode.verify.check_cache` says it after the load; this says
+        convolutions'). `eyas.decode.verify.check_cache` says it after the load; this says
         it from config.json, before minutes of loading. None too where transformers cannot read the config
         without code from the checkpoint (the load says why)."""
         from transformers.cache_utils import get_layer_types_and_kwargs
@@ -325,9 +325,9 @@ class TargetRef:
             kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         except (ValueError, KeyError, TypeError, AttributeError):  # config None: transformers has no class for it
             return None
-        other = sorted(set(kinds) - {"full_attention", "sliding_attention"})
+        other = sorted(set(kinds) - {"full_attention", "sliding_attention", "chunked_attention"})
         return (f"its layers include {', '.join(other)} (model_type {config.model_type!r}): eyas decodes targets "
-                "whose layers are full or sliding-window attention") if other else None
+                "whose layers are full, sliding-window or chunked attention") if other else None
 
     def _last_layer_parents(self) -> set[str]:
         """The prefixes under which the weights hold the last decoder layer (`model.layers`, a multimodal

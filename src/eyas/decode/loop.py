@@ -21,7 +21,7 @@ from eyas.decode.propose import Drafting
 from eyas.decode.sampling import Sampling, choose, warp_probs
 from eyas.decode.stats import DecodeStats
 from eyas.decode.tree import DraftTree, root_only
-from eyas.decode.verify import decoder, keep_accepted_kv, prefill, verify
+from eyas.decode.verify import decoder, keep_accepted_kv, prefill, placed_nodes, verify
 from eyas.devices import synchronize
 from eyas.drafter import Drafter
 from eyas.errors import EyasError
@@ -210,7 +210,9 @@ def generate(
             synchronize(device)
             stats.time["draft"] += time.perf_counter() - t0
 
-            # 2. verify: one target forward over the root and every draft node
+            # 2. verify: one target forward over the root and every draft node (the first nodes only, once per
+            # 8192 positions, where Llama 4 would scale the others for positions not theirs)
+            draft = placed_nodes(model, draft, n)
             t0 = time.perf_counter()
             scored = verify(model, draft, cache, n, capture)
             synchronize(device)

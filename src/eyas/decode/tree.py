@@ -51,15 +51,18 @@ def tree_ancestors(tree: DraftTree) -> Tensor:
 
 
 def tree_attention_mask(tree: DraftTree, n: int, dtype: torch.dtype, device: torch.device,
-                        window: int | None = None) -> Tensor:
+                        window: int | None = None, chunk: int | None = None) -> Tensor:
     """Additive mask [1, 1, N+1, n+N+1]: node i sees the n cached positions and its ancestors (itself
     included); -inf (dtype min) elsewhere. The verify forward's queries are the tree nodes. With a sliding
-    `window`, a node at position p sees only keys at positions past p - window (transformers' overlay)."""
+    `window`, a node at position p sees only keys at positions past p - window (transformers' overlay); with a
+    `chunk` (Llama 4's chunked attention), only keys of p's own chunk, from p // chunk * chunk on."""
     ancestors = tree_ancestors(tree)
     allowed = torch.cat([torch.ones(len(tree.parents), n, dtype=torch.bool), ancestors], dim=1)
+    queries = n + torch.tensor(tree.depths)
+    keys = torch.cat([torch.arange(n), queries])
     if window is not None:
-        queries = n + torch.tensor(tree.depths)
-        keys = torch.cat([torch.arange(n), queries])
         allowed &= keys[None, :] > queries[:, None] - window
+    if chunk is not None:
+        allowed &= keys[None, :] >= queries[:, None] // chunk * chunk
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)

@@ -34,9 +34,9 @@ def prefill(model: Target | LeanTarget, prompt: Tensor, capture: Sequence[int], 
     if isinstance(model, LeanTarget):
         positions = torch.arange(prompt.shape[1], device=prompt.device)[None]
         out = model.forward(prompt, positions, model.new_cache(max_len), capture, logit_rows=slice(-1, None))
-    else:  # a sliding-window target's own cache drops keys past the window: a full one eyas can trim instead,
-        # the window kept by the masks (transformers' own for chains, `_tree_masks` for trees)
-        full = DynamicCache() if model.window is not None else None
+    else:  # a sliding-window or chunked target's own cache drops keys past the window (chunk): a full one eyas
+        # can trim instead, the window kept by the masks (transformers' own for chains, `_tree_masks` for trees)
+        full = DynamicCache() if model.window is not None or model.chunk is not None else None
         out = model.forward(prompt, capture, past_key_values=full)
         check_cache(out.past_key_values)
         out.logits = out.logits[:, -1:]
@@ -66,17 +66,33 @@ def verify(model: Target | LeanTarget, tree: DraftTree, cache, n: int, capture: 
 
 def _tree_masks(model: Target, tree: DraftTree, n: int) -> Tensor | dict[str, Tensor]:
     """A tree's mask as transformers' forward takes it: one 4D mask for every layer, or, for a target whose
-    layers differ in kind (Qwen2 with `max_window_layers`, gpt-oss, Gemma 3), one per `layer_types` kind, the
-    sliding layers' with the window applied: a prepared mask bypasses transformers' own, window and all.
-    (A chain needs none: transformers builds the causal and sliding masks from its positions.)"""
-    window, dtype, device = model.window, model.model.dtype, tree.tokens.device
-    if window is None:
+    layers differ in kind (Qwen2 with `max_window_layers`, gpt-oss, Gemma 3, Llama 4), one per `layer_types`
+    kind, the sliding layers' with the window applied, the chunked ones' with the chunk: a prepared mask
+    bypasses transformers' own, window and all. (A chain needs none: transformers builds the causal, sliding
+    and chunked masks from its positions.)"""
+    window, chunk, dtype, device = model.window, model.chunk, model.model.dtype, tree.tokens.device
+    if window is None and chunk is None:
         return tree_attention_mask(tree, n, dtype, device)
     kinds = set(getattr(model.config, "layer_types", None) or ["sliding_attention"])
     if kinds == {"sliding_attention"}:
         return tree_attention_mask(tree, n, dtype, device, window)
-    return {"full_attention": tree_attention_mask(tree, n, dtype, device),
-            "sliding_attention": tree_attention_mask(tree, n, dtype, device, window)}
+    made = {"full_attention": lambda: tree_attention_mask(tree, n, dtype, device),
+            "sliding_attention": lambda: tree_attention_mask(tree, n, dtype, device, window),
+            "chunked_attention": lambda: tree_attention_mask(tree, n, dtype, device, chunk=chunk)}
+    return {kind: made[kind]() for kind in kinds}
+
+
+def placed_nodes(model: Target | LeanTarget, tree: DraftTree, n: int) -> DraftTree:
+    """The tree's first nodes (a tree still: parents come first) that transformers scales for their own
+    positions: all of it, but where Llama 4's NoPE layers would count a node at n + i, not n + depth(i)
+    (eyas.target_context.scale_floor), on the other side of a multiple of the floor. A chain is always
+    placed so; a tree loses nodes once per floor (8192 positions)."""
+    floor = getattr(model, "scale_floor", None)
+    if floor is None or tree.is_chain:
+        return tree
+    placed = [(n + i + 1) // floor == (n + d + 1) // floor for i, d in enumerate(tree.depths)]
+    m = placed.index(False) if False in placed else len(placed)
+    return tree if m == len(placed) else DraftTree(tree.tokens[:m], tree.parents[:m], tree.depths[:m])
 
 
 def keep_accepted_kv(cache, n: int, nodes: list[int]) -> None:
@@ -102,7 +118,7 @@ def keep_accepted_kv(cache, n: int, nodes: list[int]) -> None:
 
 def check_cache(cache) -> None:
     """keep_accepted_kv edits DynamicLayer keys/values; other layers (linear attention's, Mamba's, quantized
-    ones) differ. A sliding-window target gets a full cache from `prefill`."""
+    ones) differ. A sliding-window or chunked target gets a full cache from `prefill`."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
@@ -111,6 +127,6 @@ def check_cache(cache) -> None:
         raise EyasError(
             f"the target's KV cache has layers {kinds or [type(cache).__name__]}; speculative decoding "
             "needs full-attention DynamicLayer caches to drop rejected draft tokens",
-            "eyas decodes targets whose layers are full or sliding-window attention (measure this one's captured "
-            "features with eyas eval --data)",
+            "eyas decodes targets whose layers are full, sliding-window or chunked attention (measure this one's "
+            "captured features with eyas eval --data)",
         )
