@@ -619,7 +619,7 @@ def test_a_target_whose_cache_eyas_cannot_trim_is_refused_before_it_loads(world,
     for verb in (["generate", world["draft"], "--prompt", "hi"], ["bench", world["draft"]]):
         line = refused(capsys, [*verb, "--target", hybrid_target], "its layers include linear_attention",
                        "(model_type 'qwen3_next')")
-        assert "full or sliding-window attention" in line
+        assert "full, sliding-window or chunked attention" in line
     preflight.check(build_parser().parse_args(["eval", str(world["draft"]), "--target", str(hybrid_target),
                                                "--prompts", str(world["prompts"])]))
 
