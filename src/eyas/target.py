@@ -89,12 +89,13 @@ class Target:
         self.hidden_size: int = self.config.hidden_size
         self.vocab_size: int = self.config.vocab_size
         self.decoder = _text_decoder(model)  # LlamaModel, Qwen3Model, ...: embed_tokens, layers, norm
-        self.window = sliding_window(self.config.to_dict())  # decoded with a full cache, the window in the masks
-        self.chunk = attention_chunk(self.config.to_dict())  # Llama 4's chunked layers: as the window is
-        self.scale_floor = scale_floor(self.config.to_dict())  # Llama 4's NoPE query scale (eyas.decode.verify)
+        text = self.config.to_dict()
+        self.window = sliding_window(text)  # decoded with a full cache, the window in the masks
+        self.chunk = attention_chunk(text)  # Llama 4's chunked layers: as the window is
+        self.scale_floor = scale_floor(text)  # Llama 4's NoPE query scale (eyas.decode.verify.placed_nodes)
         # what the class does to lm_head's output (Gemma 2's softcapping, Granite's and Cohere's scales)
         self.logit_map = logit_map(model.config.model_type, self.config, f"target {path}")
-        crossed = cross_attention(self.config.to_dict())
+        crossed = cross_attention(text)
         if crossed:
             raise FormatError(f"target {path}: {crossed}", "use a decoder-only target (Llama 3.1 for Llama 3.2 "
                               "Vision's text)")
