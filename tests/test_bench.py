@@ -473,9 +473,9 @@ def test_without_a_cached_shape_bench_and_generate_measure_one_once(saved, tmp_p
 
 
 def test_the_quick_sweep_starts_no_question_past_its_time_bound(saved, monkeypatch, capsys, real_quick_sweep):
-    """A toy gpt-oss target, run by transformers' forward on a loaded machine, spent 562 s in its first quick
-    sweep: now no question is started past QUICK_SECONDS (here 0: the first question is always timed, by every
-    shape alike), and stderr and the cache say on how many it was timed."""
+    """A toy gpt-oss target, run by transformers' forward on a loaded 2-core AVX2-only EPYC, spent 562 s in its
+    first quick sweep: now no question is started past QUICK_SECONDS (here 0: the first question is always
+    timed, by every shape alike), and stderr and the cache say on how many it was timed."""
     target_dir, draft_dir = saved
     monkeypatch.setattr(sweep_module, "QUICK_CHAINS", (1,))
     monkeypatch.setattr(sweep_module, "QUICK_PLAIN_CHAINS", ())

@@ -23,6 +23,7 @@ from torch import Tensor
 from eyas.contract import ROPE_TYPES, DraftContract
 from eyas.errors import ContractError
 
+
 def _rope_param(scaling: dict, key: str, rope_type: str):
     if scaling.get(key) is None:
         raise ContractError(

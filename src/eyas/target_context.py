@@ -1,9 +1,10 @@
-"""The length a target is decoded in, from its config alone: what its rope and its attention window allow.
+"""How a target is decoded, from its config alone: the length its rope allows, and what its attention sees.
 
 A longrope target (Phi-3 and its kin) turns otherwise past its original length, so eyas decodes it within
-that (`decode_context`, `decode_bound`); a sliding-window target is decoded over its whole context with a full
-cache and the window in its masks (`sliding_window`: `Target.window`, eyas.decode.verify). Read by the decoding loop, the
-preflight (before anything loads) and `Target.context`.
+that (`decode_context`, `decode_bound`). A sliding-window or chunked target (Llama 4) is decoded over its whole
+context with a full cache and the window or chunk in its masks (`sliding_window`, `attention_chunk`:
+`Target.window`, `Target.chunk`, eyas.decode.verify); Llama 4's NoPE query scale steps at `scale_floor`. Read by
+the decoding loop, the preflight (before anything loads) and `Target`.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ LAYER_NORM_UNLESS_RMS_EPS = frozenset({"cohere2_moe"})
 def mean_centered(model_types: set[str], text: dict) -> bool:
     """Whether a target of these model types (its own and its language model's) with this language-model config
     has norms that take the mean out first."""
-    return bool(model_types & MEAN_CENTERED_NORM) or bool(model_types & LAYER_NORM_UNLESS_RMS_EPS) \
-        and text.get("rms_norm_eps") is None
+    unless_rms = bool(model_types & LAYER_NORM_UNLESS_RMS_EPS) and text.get("rms_norm_eps") is None
+    return bool(model_types & MEAN_CENTERED_NORM) or unless_rms
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,8 @@ class TargetRef:
         bias = self.tensors(["norm.bias"], device=self.device)["norm.bias"] if self._stored(HF_NAMES["norm.bias"]) \
             else None
         H, V = self.hidden_size, self.vocab_size
-        for name, t, want in (("norm.weight", norm, [H]), ("norm.bias", bias, [H]), ("lm_head.weight", lm_head, [V, H])):
+        for name, t, want in (("norm.weight", norm, [H]), ("norm.bias", bias, [H]),
+                              ("lm_head.weight", lm_head, [V, H])):
             if t is not None and list(t.shape) != want:
                 raise FormatError(f"{self.folder}: {self.on_disk(name)} is {list(t.shape)}, config.json says {want} "
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
@@ -334,7 +335,6 @@ class TargetRef:
         target's `model.language_model.layers`, GPT-NeoX's `gpt_neox.layers`, GPT-J's `transformer.h`)."""
         last = re.compile(rf"^((?:.*\.)?(?:layers|h|blocks|block))\.{self.num_layers - 1}\.")
         return {m.group(1) for n in self.tensor_names() if (m := last.match(n))}
-
 
 
 def cross_attention(text: dict) -> str | None:

@@ -10,9 +10,9 @@ few short MT-bench answers (one to three minutes on a 2-core CPU: 109 s in bf16 
 an AMX Xeon; said on stderr with what it cost, under a progress bar unless `--no-progress`), once per target,
 drafter, dtype and machine. It starts no question once QUICK_SECONDS have passed, so a slow target (a
 large one on a CPU, one transformers' forward runs, a machine busy elsewhere) is timed on fewer questions
-rather than for ten minutes; the report and stderr say on how many. A quick sweep timed while other processes took much of the
-CPU is provisional (eyas.machine.Contention): it is used, and made again at the next runs until one
-is made on a quiet machine or the attempts run out; the quietest stands.
+rather than for ten minutes; the report and stderr say on how many. A quick sweep timed while other
+processes took much of the CPU is provisional (eyas.machine.Contention): it is used, and made again at the
+next runs until one is made on a quiet machine or the attempts run out; the quietest stands.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ QUICK_CHAINS = (1, 2, 3, 4, 6)
 QUICK_PLAIN_CHAINS = (1, 2)
 QUICK_TREES = ((3, 4, 8), (4, 4, 12), (5, 4, 16))
 QUICK_PROMPTS, QUICK_TOKENS = 4, 96  # answers long enough for an n-gram branch to find repeats
-QUICK_SECONDS = 240  # no question started past this (SmolLM2's whole quick sweep takes 109-183 s)
+QUICK_SECONDS = 240  # no question started past this (SmolLM2's whole quick sweep: 109-183 s, 2-core AMX Xeon)
 
 
 def save_sweep(target: Target, drafter: str | Path, dtype: torch.dtype, report: dict, *, prompts: int,
@@ -116,8 +116,9 @@ def sweep_shapes(
 
     Shapes are interleaved prompt by prompt, so slow drifts in machine load hit them alike. Returns
     `results` (shape, tokens_per_s, tau per shape), `best` (the fastest shape of all), `best_chain`
-    (k of the fastest chain; `best_chain_ngram`, the n-gram branch it was timed with), `best_tree`, `target_tokens_per_s` (the target alone, plain decoding) and `beats_target`
-    (whether `best` beat it: where it did not, `eyas generate` decodes without the draft),
+    (k of the fastest chain; `best_chain_ngram`, the n-gram branch it was timed with), `best_tree`,
+    `target_tokens_per_s` (the target alone, plain decoding), `beats_target` (whether `best` beat it: where it
+    did not, `eyas generate` decodes without the draft),
     `others_cpu_share`: how much of the CPU other processes took meanwhile (eyas.machine.Contention), and
     `prompts`: how many were timed (with `seconds`, none is started past that many: `time_interleaved`).
     """

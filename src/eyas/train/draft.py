@@ -59,13 +59,13 @@ def fresh_draft(config: TrainConfig, tcfg: dict, capture_layers: list[int],
     contract = base.replace(draft_vocab_size=vd, has_vocab_map=vd < V,
                             **{field: getattr(config, field) for field in _ARCHITECTURE})
     check_fits(contract, tcfg)
-    lm_head, embed, logits = _target_matrices(config)
+    lm_head, embed, logit_map = _target_matrices(config)
     drafter = Drafter(contract, embed_tokens=embed).init_weights(config.seed)
     with torch.no_grad():
         drafter.lm_head.weight.copy_(lm_head if used is None else lm_head[used])  # [Vd, H]
     if used is not None:
         drafter.set_vocab_map(d2t, t2d)
-    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, t2d), logits)
+    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, t2d), logit_map)
 
 
 def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
@@ -77,9 +77,9 @@ def warm_start(config: TrainConfig, tcfg: dict, capture_layers: list[int],
     base = _base_contract(config, tcfg, capture_layers)
     contract = _init_contract(ckpt.contract, base, config)
     check_fits(contract, tcfg)
-    lm_head, embed, logits = _target_matrices(config)
+    lm_head, embed, logit_map = _target_matrices(config)
     drafter = _rebuilt(contract, ckpt.tensors, lm_head, embed)
-    return _trained_on(drafter, lm_head, logits, train_set)
+    return _trained_on(drafter, lm_head, logit_map, train_set)
 
 
 def _base_contract(config: TrainConfig, tcfg: dict, capture_layers: list[int]) -> DraftContract:
@@ -97,8 +97,8 @@ def _base_contract(config: TrainConfig, tcfg: dict, capture_layers: list[int]) -
 def resumed_draft(config: TrainConfig, state: dict[str, Any], train_set: list[dict[str, Tensor]]) -> TrainDraft:
     """The draft of a training checkpoint: its contract and weights (the optimiser is restored apart)."""
     contract = DraftContract.from_dict(state["contract"])
-    lm_head, embed, logits = _target_matrices(config)
-    return _trained_on(_rebuilt(contract, state["model"], lm_head, embed), lm_head, logits, train_set)
+    lm_head, embed, logit_map = _target_matrices(config)
+    return _trained_on(_rebuilt(contract, state["model"], lm_head, embed), lm_head, logit_map, train_set)
 
 
 def _rebuilt(contract: DraftContract, tensors: dict[str, Tensor], lm_head: Tensor, embed: Tensor) -> Drafter:
@@ -115,14 +115,15 @@ def _target_matrices(config: TrainConfig) -> tuple[Tensor, Tensor, LogitMap]:
     return t["lm_head.weight"].float(), t["embed_tokens.weight"].float(), ref.logit_map()
 
 
-def _trained_on(drafter: Drafter, lm_head: Tensor, logits: LogitMap, train_set: list[dict[str, Tensor]]) -> TrainDraft:
+def _trained_on(drafter: Drafter, lm_head: Tensor, logit_map: LogitMap,
+                train_set: list[dict[str, Tensor]]) -> TrainDraft:
     """A draft that brings its own vocab map: the labels use its draft vocab."""
     c = drafter.contract
     counts = token_counts(train_set, c.vocab_size)
     if not c.has_vocab_map:
-        return TrainDraft(drafter, lm_head, None, vocab_coverage(counts, None), logits)
+        return TrainDraft(drafter, lm_head, None, vocab_coverage(counts, None), logit_map)
     used = torch.arange(c.draft_vocab_size) + drafter.d2t.cpu()  # target = draft + d2t[draft]
-    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, drafter.t2d.cpu()), logits)
+    return TrainDraft(drafter, lm_head, used, vocab_coverage(counts, drafter.t2d.cpu()), logit_map)
 
 
 def _init_contract(init: DraftContract, base: DraftContract, config: TrainConfig) -> DraftContract:
