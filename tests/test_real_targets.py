@@ -593,6 +593,28 @@ def test_a_layer_norm_head_read_alone_gives_the_targets_logits(family, tmp_path)
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["olmo", "nanochat"])
+def test_a_weightless_final_norm_read_alone_gives_the_targets_logits(family, tmp_path):
+    """OLMo's LayerNorm and nanochat's RMSNorm have no weight: a cache's verdict was refused with "tensor
+    'model.norm.weight' not found", which misleads (there is none to find); OLMo's eps is its class's 1e-5."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(family, vocab_size=48, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path / family)
+    assert not any(name.startswith("model.norm") for name in TargetRef.resolve(tmp_path / family).tensor_names())
+    head = TargetRef.resolve(tmp_path / family).head()
+    assert head.norm.centered == (family == "olmo") and head.norm.eps == (1e-5 if family == "olmo" else 1e-6)
+    target = Target.load(tmp_path / family)
+    ids = torch.randint(3, 40, (1, 6))
+    before_norm = target.forward(ids, (target.num_layers,)).features[0]  # what a speculators cache stores
+    ours = head.logit_map(head.normalize(before_norm) @ head.lm_head.float().T)  # nanochat's softcap
+    torch.testing.assert_close(ours, model(input_ids=ids).logits[0], rtol=1e-4, atol=1e-4)
+
+
 def test_a_head_that_adds_a_bias_is_refused_where_eyas_would_leave_it_out(tmp_path):
     """Phi-3.5-MoE's lm_head adds a bias (lm_head_bias): verdicts from lm_head.weight alone would leave it out."""
     import transformers

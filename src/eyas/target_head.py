@@ -28,6 +28,10 @@ ZERO_CENTERED_NORM = frozenset({
 # rms_norm_eps
 MEAN_CENTERED_NORM = frozenset({"cohere", "cohere2", "cohere_compass", "cohere_compass_text", "olmo"})
 EPS_FIELDS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "norm_eps")  # by family
+FIXED_EPS = {"olmo": 1e-5}  # set by the class, not read from config.json (OLMo's LayerNorm)
+# families whose norms have no weight at all (OLMo's LayerNorm, nanochat's RMSNorm): their files hold no
+# model.norm.weight, and the norm is read as ones (`TargetNorm.unweighted`)
+WEIGHTLESS_NORM = frozenset({"olmo", "nanochat"})
 LAYER_NORM_UNLESS_RMS_EPS = frozenset({"cohere2_moe"})
 
 
@@ -55,9 +59,16 @@ class TargetNorm:
     def of(cls, weight: Tensor, model_types: set[str], text: dict, bias: Tensor | None = None) -> TargetNorm:
         """A norm of `weight` (and `bias`) in the family of `model_types`, its eps read from the language model's
         config under its family's name for it."""
-        eps = float(next((text[k] for k in EPS_FIELDS if text.get(k)), 1e-6))
+        fixed = [FIXED_EPS[t] for t in model_types if t in FIXED_EPS]
+        eps = fixed[0] if fixed else float(next((text[k] for k in EPS_FIELDS if text.get(k)), 1e-6))
         return cls(weight, eps, 1.0 if model_types & ZERO_CENTERED_NORM else 0.0,
                    mean_centered(model_types, text) or bias is not None, bias)
+
+    @classmethod
+    def unweighted(cls, hidden_size: int, model_types: set[str], text: dict, device: torch.device | None = None
+                   ) -> TargetNorm:
+        """The norm of a family whose norms have no weight (WEIGHTLESS_NORM): weight ones."""
+        return cls.of(torch.ones(hidden_size, device=device), model_types, text)
 
     def __call__(self, h: Tensor) -> Tensor:
         x = h.float()

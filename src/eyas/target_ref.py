@@ -34,7 +34,7 @@ from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
 from eyas.logit_map import FAMILIES, LogitMap, logit_map
-from eyas.target_head import TargetHead, TargetNorm, refuse_head_bias
+from eyas.target_head import WEIGHTLESS_NORM, TargetHead, TargetNorm, refuse_head_bias
 from eyas.weights import UNREADABLE, find_weights, read_tensors, weight_bytes, weight_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -170,16 +170,21 @@ class TargetRef:
         lm_head of fewer rows judged over fewer tokens, unsaid)."""
         refuse_head_bias(self._stored("lm_head.bias") is not None, f"--target {self.folder}")
         lm_head = self.tensors(["lm_head.weight"], dtype=dtype or self.dtype, device=self.device)["lm_head.weight"]
-        norm = self.tensors(["norm.weight"], device=self.device)["norm.weight"]
-        bias = self.tensors(["norm.bias"], device=self.device)["norm.bias"] if self._stored(HF_NAMES["norm.bias"]) \
-            else None
-        H, V = self.hidden_size, self.vocab_size
+        H, V, types = self.hidden_size, self.vocab_size, self.model_types()
+        if types & WEIGHTLESS_NORM and self._stored(HF_NAMES["norm.weight"]) is None:  # OLMo's, nanochat's
+            norm = bias = None
+        else:
+            norm = self.tensors(["norm.weight"], device=self.device)["norm.weight"]
+            bias = self.tensors(["norm.bias"], device=self.device)["norm.bias"] \
+                if self._stored(HF_NAMES["norm.bias"]) else None
         for name, t, want in (("norm.weight", norm, [H]), ("norm.bias", bias, [H]),
                               ("lm_head.weight", lm_head, [V, H])):
             if t is not None and list(t.shape) != want:
                 raise FormatError(f"{self.folder}: {self.on_disk(name)} is {list(t.shape)}, config.json says {want} "
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
-        return TargetHead(lm_head, TargetNorm.of(norm, self.model_types(), self.text_config, bias), self.logit_map())
+        final = TargetNorm.unweighted(H, types, self.text_config, self.device) if norm is None \
+            else TargetNorm.of(norm, types, self.text_config, bias)
+        return TargetHead(lm_head, final, self.logit_map())
 
     def on_disk(self, name: str) -> str:
         """The name in the target's files of the drafter's `name` (embed_tokens, norm, lm_head: HF_NAMES; lm_head

@@ -61,8 +61,9 @@ class Measurer:
             if module is None:
                 return None
             weight, bias = (getattr(module, name, None) for name in ("weight", "bias"))
-            weight = torch.ones(self.H, device=self.lm_head.device) if weight is None else weight.detach().float()
-            return TargetNorm.of(weight, types, text, None if bias is None else bias.detach().float())
+            if weight is None:  # OLMo's, nanochat's
+                return TargetNorm.unweighted(self.H, types, text, self.lm_head.device)
+            return TargetNorm.of(weight.detach().float(), types, text, None if bias is None else bias.detach().float())
 
         self.final_norm = norm(decoder.norm)
         # None where a layer has no input norm (OLMo 2 normalises after attention and MLP)
