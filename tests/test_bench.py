@@ -24,6 +24,7 @@ from eyas.data import eos_ids
 from eyas.decode import DEFAULT_DRAFT_TOKENS, DecodeStats, DraftTree, bf16_kernel, generate
 from eyas.draft_shape import decode_shape, parse_tree, read_best_shape, save_best_shape
 from eyas.drafter_loading import load_drafter
+from eyas.embedded import cache_dir
 from eyas.dtype_choice import hf_dtypes, resolve_dtype
 from eyas.dtypes import to_dtype
 from eyas.errors import ContractError, EyasError
@@ -365,6 +366,7 @@ def test_option_parsing():
         with pytest.raises(EyasError, match="dtype '(fp|float)16' is not supported") as e:  # before any model loads
             run()
         assert "bf16 (bfloat16) or fp32 (float32)" in e.value.hint
+    assert not cache_dir().exists()  # the default target was not converted: nothing loaded (it took 24 s)
 
 
 def test_a_sweep_that_nothing_beat_decodes_with_the_target_alone(saved, tmp_path):

@@ -81,6 +81,13 @@ def _fastest(costs: dict, hf: dict) -> tuple[str, dict[str, str]]:
             {m: min(hf, key=lambda d: total(d, sizes)) for m, sizes in HF_SIZES.items()})
 
 
+def check_dtype(dtype: str | torch.dtype) -> None:
+    """A given dtype eyas cannot decode in, refused before anything loads ("auto" is resolved later: it times
+    the target, which must load)."""
+    if not is_auto(dtype):
+        to_dtype(dtype, DECODE_DTYPES)
+
+
 def resolve_dtype(dtype: str | torch.dtype, target: str | Path | None,
                   device: str | torch.device | None = None, *, again: bool = False) -> tuple[torch.dtype, str]:
     """(the dtype to decode in, where it came from): `dtype` itself, or for "auto" the fastest dtype

@@ -22,7 +22,7 @@ from eyas.decode import DEFAULT_DRAFT_TOKENS, generate
 from eyas.draft_shape import decode_shape, needs_sweep, parse_tree, read_best_shape, shape_label
 from eyas.drafter import Drafter
 from eyas.drafter_loading import load_drafter
-from eyas.dtype_choice import DECODE_DTYPES, resolve_dtype
+from eyas.dtype_choice import DECODE_DTYPES, check_dtype, resolve_dtype
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
 from eyas.machine import runs_on
@@ -188,6 +188,7 @@ def run_generate(
     `progress`: a progress bar on stderr while a shape is measured.
     """
     tree = parse_tree(tree)
+    check_dtype(dtype)
     chat_ids(Chat.load(target), prompt, max_new_tokens=max_new_tokens)  # a prompt too long: refused in seconds
     dtype, dtype_source = resolve_dtype(dtype, target, device)
     target_model, draft = load_models(drafter, target, dtype, layer_convention, device)
