@@ -156,22 +156,32 @@ def test_a_cache_folder_that_cannot_be_written_is_a_warning_and_the_run_goes_on(
     assert "cached in" not in capsys.readouterr().err and len(calls) == 1
 
 
-def test_a_sweep_times_the_dtype_anew_and_the_run_uses_that_timing(monkeypatch):
+def test_a_sweep_times_the_dtype_anew_and_the_run_uses_that_timing(monkeypatch, tmp_path):
     """A timing kept after three busy attempts says to re-measure with `eyas bench --sweep`: that times the
     dtypes again (once for the run: the baselines' dtypes come from the same timing)."""
     from eyas import dtype_choice
 
+    target = _stand_in_target(tmp_path)  # the timing is faked: any target keys it (the default's took 24 s)
     calls = []
     monkeypatch.setattr(dtype_choice, "_THIS_RUN", {})
     monkeypatch.setattr(dtype_choice, "measure_dtypes", fake_dtype_measurement(calls, "bf16"))
-    dtype_choice.resolve_dtype("auto", None)
-    assert dtype_choice.resolve_dtype("auto", None)[1].endswith("(cached)") and len(calls) == 1
+    dtype_choice.resolve_dtype("auto", target)
+    assert dtype_choice.resolve_dtype("auto", target)[1].endswith("(cached)") and len(calls) == 1
     monkeypatch.setattr(dtype_choice, "measure_dtypes", fake_dtype_measurement(calls, "fp32"))
-    assert dtype_choice.resolve_dtype("auto", None, again=True) == (torch.float32, "auto: measured on this machine")
-    assert dtype_choice.hf_dtypes("auto", None)["hf_greedy"][1] == "auto: measured on this machine"
+    assert dtype_choice.resolve_dtype("auto", target, again=True) == (torch.float32, "auto: measured on this machine")
+    assert dtype_choice.hf_dtypes("auto", target)["hf_greedy"][1] == "auto: measured on this machine"
     assert len(calls) == 2
     monkeypatch.setattr(dtype_choice, "_THIS_RUN", {})  # the next run reads the new timing
-    assert dtype_choice.resolve_dtype("auto", None) == (torch.float32, "auto: measured on this machine (cached)")
+    assert dtype_choice.resolve_dtype("auto", target) == (torch.float32, "auto: measured on this machine (cached)")
+
+
+def _stand_in_target(tmp_path: Path) -> Path:
+    """A folder the dtype timing's key reads (config.json and a weights file), never loaded."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    (target / "model.safetensors").write_bytes(b"weights")
+    return target
 
 
 def _rewrite(weights: Path) -> None:
@@ -203,10 +213,7 @@ def test_a_model_written_anew_into_its_folder_is_measured_again(tmp_path):
 def test_the_dtype_timing_is_keyed_by_the_targets_weights(tmp_path):
     from eyas.dtype_choice import _key
 
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
-    (target / "model.safetensors").write_bytes(b"weights")
+    target = _stand_in_target(tmp_path)
     before = _key(target)
     assert _key(target) == before and before[1] == [["model.safetensors", 7, (target / "model.safetensors")
                                                      .stat().st_mtime_ns]]
