@@ -348,9 +348,18 @@ def test_init_says_what_check_would_say_of_what_it_wrote(tmp_path, capsys):
 
     assert main(["init", str(tmp_path / "one"), "--capture-layers", "1,5,9", "--json"]) == 0
     said = json.loads(capsys.readouterr().out)["warnings"]
-    assert "layer_ids_top_nested_differ" in {w["code"] for w in said}
+    # one truth: what SGLang cannot capture, not two ids that "name different layers" (eyas wrote both)
+    codes = [w["code"] for w in said]
+    assert "layer_ids_first_is_one" in codes and "layer_ids_top_nested_differ" not in codes
+    assert "would capture [2, 6, 10]" in " ".join(w["warning"] for w in said)
     checked = check_checkpoint(tmp_path / "one").warnings  # init read the target; check was given none
     assert said == [w for w in checked if w["code"] != "target_not_given"]
+    assert main(["convert", str(tmp_path / "one"), str(tmp_path / "eagle"), "--format", "eagle"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "eagle"), "--engine", "sglang", "--json"]) == 1
+    [problem] = json.loads(capsys.readouterr().out)["problems"]
+    assert problem["code"] == "consumer_capture_layers" and "SGLang cannot capture layers that start at 1" in \
+        problem["fix"] and "convert" not in problem["fix"]  # converting again wrote the same ids
 
 
 @pytest.mark.parametrize("verifier, loads, says", [

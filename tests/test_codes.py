@@ -91,6 +91,14 @@ def parse_nested_only(tmp_path):
     return _read(_nested_only(tmp_path))
 
 
+def parse_first_is_one(tmp_path):
+    """Capture indices written in both places (as eyas writes them), the first 1: SGLang reads the nested +1."""
+    c = tiny_contract(capture_layers=(1, 3, 5))
+    cfg = _eagle(c)
+    cfg["eagle_config"][IDS] = [1, 3, 5]
+    return _read(_folder(tmp_path / "d", {"config.json": cfg}, random_tensors(c)))
+
+
 def parse_top_nested_differ(tmp_path):
     c = tiny_contract(capture_layers=(2, 3, 5))
     cfg = _eagle(c)
@@ -317,6 +325,7 @@ def engine_refusals(tmp_path):
 SCENARIOS = {  # scenario: the codes it must produce
     parse_no_ids: {"layer_ids_absent"},
     parse_nested_only: {"layer_ids_convention_assumed"},
+    parse_first_is_one: {"layer_ids_first_is_one"},
     parse_top_nested_differ: {"layer_ids_top_nested_differ"},
     parse_speculators_quirks: {
         "layer_type_absent", "norm_before_residual_absent", "rope_theta_conflict", "rope_scaling_conflict",

@@ -39,6 +39,9 @@ CODES: dict[str, Code] = {
     "layer_ids_convention_assumed": _warning(
         None, "only nested eagle_config ids: read by current SGLang's rule, not legacy SGLang's or SpecForge's"
     ),
+    "layer_ids_first_is_one": _warning(
+        "capture_layers", "capture layers that start at 1: no nested eagle_config ids name them for SGLang"
+    ),
     "layer_ids_top_nested_differ": _warning(
         "capture_layers", "top-level ids and nested eagle_config ids name different layers"
     ),

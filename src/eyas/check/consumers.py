@@ -49,6 +49,9 @@ VLLM_EAGLE3_CLASSES = frozenset({
     "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM", "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM",
 })
 _WRITE_IDS = "write the layer ids in every place engines read them (eyas convert DIR OUT --format both)"
+# SGLang adds 1 to every nested id when the first is 1 (sglang.py): no ids make it capture layers starting at 1
+_FIRST_IS_ONE = ("SGLang cannot capture layers that start at 1, whatever the config says: serve with vLLM, speculators "
+                 "or llama.cpp, or train a draft whose first capture layer is not 1 (eyas init --capture-layers)")
 _WRITE_FLAGS = "write every norm flag explicitly, top level and in eagle_config (eyas convert DIR OUT --format both)"
 
 
@@ -191,8 +194,8 @@ def _speculators(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str,
     return r
 
 
-def _mismatches(c: DraftContract, r: dict[str, Any]) -> list[dict[str, str]]:
-    """Where a consumer that loads the draft wires it differently from the contract."""
+def _mismatches(c: DraftContract, r: dict[str, Any], name: str) -> list[dict[str, str]]:
+    """Where the consumer `name` (that loads the draft) wires it differently from the contract."""
     out = []
     if (
         r["capture_layers"] is not None
@@ -200,7 +203,8 @@ def _mismatches(c: DraftContract, r: dict[str, Any]) -> list[dict[str, str]]:
         and list(c.capture_layers) != r["capture_layers"]
     ):
         text = f"captures {r['capture_layers']}, the contract says {list(c.capture_layers)}"
-        out.append(finding("consumer_capture_layers", IDS, text, _WRITE_IDS))
+        unnameable = name == "sglang" and c.capture_layers[0] == 1
+        out.append(finding("consumer_capture_layers", IDS, text, _FIRST_IS_ONE if unnameable else _WRITE_IDS))
     elif r["capture_layers"] is None and c.capture_layers is not None:
         text = f"captures the target default (2, N//2, N-3), not necessarily the contract's {list(c.capture_layers)}"
         out.append(finding("consumer_capture_default", IDS, text, _WRITE_IDS))
@@ -259,7 +263,7 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
     for name, r in out.items():
         r["holds_for"] = HOLDS_FOR[name]
         if r["loads"]:
-            r["mismatches"] += _mismatches(c, r)
+            r["mismatches"] += _mismatches(c, r, name)
     return out
 
 

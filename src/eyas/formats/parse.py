@@ -428,7 +428,16 @@ def _eagle_capture(p: Parsed, cfg: dict, ec: dict, n_target: int | None, conv: s
     read, how = _nested_reading(nested, conv) if nested is not None else (None, "")
     if top is not None:
         p.set("capture_layers", top, f"{p.file}: {IDS} (top level, capture indices)")
-        if nested is not None and read != top:
+        if nested is not None and read != top and conv is None and nested == top and top[0] == 1:
+            p.warn(
+                "layer_ids_first_is_one",
+                f"eagle_config.{IDS}",
+                f"{p.file}: the capture layers {top} start at 1, which no eagle_config ids name for SGLang: it adds 1 "
+                f"to every nested id when the first is 1, and would capture {read}; vLLM, speculators and llama.cpp "
+                "read the top-level ids",
+                "to serve with SGLang, train a draft whose first capture layer is not 1 (eyas init --capture-layers)",
+            )
+        elif nested is not None and read != top:
             p.warn(
                 "layer_ids_top_nested_differ",
                 f"eagle_config.{IDS}",
