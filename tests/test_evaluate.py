@@ -236,6 +236,24 @@ def test_a_cache_without_a_draft_position_is_refused_naming_it(tiny, tmp_path, c
     with pytest.raises(EyasError, match=re.escape(f"{cache}: no sample has a position")):
         measure_on_cache(draft, open_cache(cache, num_layers=4), TargetRef.resolve(str(folder)), None, 5)
 
+def test_eval_says_how_many_samples_had_no_position(tiny, tmp_path, capsys):
+    """A sample with an empty loss_mask (a chat template the trainer's mask did not match) was skipped unsaid:
+    the figures stood for fewer samples than the cache held, and nothing told the user."""
+    from cache_writers import write_specforge
+
+    folder, _ = tiny
+    cache, draft = tmp_path / "sf", tmp_path / "draft"
+    ids = torch.randint(3, 40, (12,), generator=torch.Generator().manual_seed(0))
+    write_specforge(Target.load(folder).model, [(ids, torch.ones(12, dtype=torch.long)),
+                                                (ids, torch.zeros(12, dtype=torch.long))], cache)
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == {"read": 2, "measured": 1}
+    assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--no-progress"]) == 0
+    assert "1 of the 2 samples read have no position the draft can be measured at" in capsys.readouterr().out
+
+
 def test_eval_against_a_second_draft_reports_both_and_their_paired_difference(tiny, tmp_path, capsys):
     folder, shards = tiny
     lm_head = target_tensors(folder, ["lm_head.weight"])["lm_head.weight"]

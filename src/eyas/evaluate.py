@@ -227,7 +227,9 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
 
     lm_head: the target's [V, H] output matrix (tied embeddings: the embedding matrix); `logit_map` what its
     class does to lm_head's output (eyas.logit_map: a sampled measure reads it, a greedy verdict needs not).
-    Returns a JSON-ready dict (`eyas.acceptance.figures`): tokens (chain starts evaluated),
+    Returns a JSON-ready dict (`eyas.acceptance.figures`): samples (read, and measured: those with a draft
+    position; a cache whose loss masks are empty, or answers of 2 tokens or fewer, has fewer), tokens (chain
+    starts evaluated),
     acceptance_by_depth, tau_chain (k = "1".."depth"), tau_tree (a full top-k tree of tree_depth
     levels along the greedy path), coverage (share of the target's next tokens inside the draft
     vocab), the counts, and ci95 (95% intervals of depth-1, chain and tree tau over resampled
@@ -261,7 +263,8 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
                         "two answer tokens in a row after the first token: rows of 2 tokens or fewer have none)",
                         "evaluate samples with answers (loss_mask) of 2 tokens or more")
     stacks = [stacked(c) for c in counts]
-    reports = [figures(c, tree_top_k, tree_d) for c in stacks]
+    measured = len(counts[0])  # the samples read less those without a position the draft is measured at
+    reports = [figures(c, tree_top_k, tree_d) | {"samples": {"read": read, "measured": measured}} for c in stacks]
     if temperature > 0:
         for rep, s in zip(reports, sampled):
             rep["sampled"] = sampled_report(s, temperature, tree_top_k, tree_depth, answers_temperature)

@@ -75,6 +75,11 @@ def format_eval(rep: dict[str, Any]) -> str:
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
     lines += _format_intervals(rep)
+    read, measured = rep["samples"]["read"], rep["samples"]["measured"]
+    if measured < read:
+        lines.append(f"{read - measured} of the {read} samples read have no position the draft can be measured at "
+                     "(no two answer tokens in a row after the first: an empty loss_mask, or an answer of 2 tokens "
+                     "or fewer): not counted")
     if any(math.isnan(t) for t in rep["tau_chain"].values()):
         lines.append("tau is nan where no chain start stays on the target's greedy path long enough: the stored "
                      "answers are not the target's greedy ones (regenerate them, e.g. eyas capture) or are too short "
