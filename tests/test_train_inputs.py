@@ -167,6 +167,26 @@ def test_samples_a_max_len_leaves_out_are_said(target_dir, captured, tmp_path):
     assert data.data_id["samples"] == 6 - left
 
 
+def test_samples_without_an_answer_to_label_are_said(tmp_path):
+    """A sample whose loss_mask is empty (its trainer's template did not match) was left out of training unsaid."""
+    from eyas.train.dataset import load_samples
+
+    class Capture(list):
+        folder = tmp_path / "cache"
+
+    def sample(mask: list[int]) -> dict[str, torch.Tensor]:
+        T = len(mask)
+        return {"input_ids": torch.arange(T), "loss_mask": torch.tensor(mask), "features": torch.zeros(T, 6),
+                "last_hidden": torch.zeros(T, 2)}
+
+    data = Capture([sample([0, 0, 1, 1, 1]), sample([0] * 5), sample([1, 1, 0, 0, 0])])
+    with pytest.warns(UserWarning, match=r"cache: 2 of 3 samples left out: no answer token to label \(an empty "
+                                         r"loss_mask, or answer tokens only among the first 2\)"):
+        assert len(load_samples(data, 16)) == 1
+    with pytest.raises(EyasError, match="no sample has answer tokens to train on"):
+        load_samples(Capture(data[1:]), 16)  # none left: the refusal, not the warning
+
+
 def test_a_fresh_run_never_writes_over_another_runs_curves(tmp_path):
     """train_curves.png is a run's file like its log: a fresh run into its folder is refused, not let
     replace it."""

@@ -85,11 +85,13 @@ def load_samples(data: CapturedData, max_len: int) -> list[dict[str, Tensor]]:
 
     None left is refused, saying whether the data has no answers or --max-len cut them all off (and
     the --max-len that keeps the earliest answer); some cut off are said (the --max-len that keeps them
-    all): long first turns of real chats were dropped from training unsaid."""
-    samples, earliest, dropped = [], None, []
+    all): long first turns of real chats were dropped from training unsaid; so are samples with no
+    answer to label (a loss_mask its trainer's template missed)."""
+    samples, earliest, dropped, unlabelled = [], None, [], 0
     for s in data:
         answer = s["loss_mask"][2:].nonzero()  # draft labels x_{t+2} inside the answer
         if not len(answer):
+            unlabelled += 1
             continue
         first = 2 + int(answer[0])  # kept when the cut (max_len + 1 tokens) reaches it
         earliest = first if earliest is None else min(earliest, first)
@@ -97,10 +99,15 @@ def load_samples(data: CapturedData, max_len: int) -> list[dict[str, Tensor]]:
             samples.append({k: s[k][: max_len + 1] for k in ("input_ids", "loss_mask", "features", "last_hidden")})
         else:
             dropped.append(first)
+    read = len(samples) + len(dropped) + unlabelled
     if samples and dropped:
-        warnings.warn(f"{data.folder}: {len(dropped)} of {len(samples) + len(dropped)} samples left out: their "
+        warnings.warn(f"{data.folder}: {len(dropped)} of {read} samples left out: their "
                       f"answers start past --max-len {max_len} (the latest at token {max(dropped)}; --max-len "
                       f"{max(dropped)} keeps them all)", stacklevel=2)
+    if samples and unlabelled:
+        warnings.warn(f"{data.folder}: {unlabelled} of {read} samples left out: "
+                      "no answer token to label (an empty loss_mask, or answer tokens only among the first 2)",
+                      stacklevel=2)
     if earliest is None:
         raise EyasError(f"{data.folder}: no sample has answer tokens to train on",
                         "capture data with responses (eyas capture)")
