@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from eyas.drafter_loading import resolve_drafter
@@ -184,6 +185,21 @@ def sliding_window(size: int):
     return make
 
 
+def qwen3_layer(architecture: str):
+    """The shipped draft given a Qwen3 layer (q_norm/k_norm near 1, as speculators' qwen3 drafts carry them) in an
+    eagle config naming `architecture`: vLLM's Qwen3 draft class loads it (eyas said vLLM refused any such), its
+    Llama draft class does not."""
+    def make(d: Path) -> Path:
+        ckpt = read_checkpoint(SHIPPED)
+        c = ckpt.contract.replace(layer_type="qwen3")
+        g = torch.Generator().manual_seed(0)
+        norms = {f"layers.0.self_attn.{n}.weight": (1 + 0.1 * torch.randn(c.head_dim, generator=g)).bfloat16()
+                 for n in ("q_norm", "k_norm")}
+        write_checkpoint(d, c, {**ckpt.tensors, **norms}, "eagle")
+        return _edit(d, lambda cfg: cfg.update(architectures=[architecture]))
+    return make
+
+
 VARIANTS = {
     "healthy": None,  # the shipped folder itself
     "a_config_json_disagrees": config_json_disagrees,
@@ -207,6 +223,8 @@ VARIANTS = {
     "four_layers_speculators_without_count": four_layers_without_count,
     "four_layers_eagle": four_layers("eagle"),
     "sliding_window_4": sliding_window(4),  # every context served here is longer: the window cuts it
+    "qwen3_layer_qwen3_class": qwen3_layer("Eagle3Qwen3ForCausalLM"),
+    "qwen3_layer_llama_class": qwen3_layer("LlamaForCausalLMEagle3"),
 }
 
 

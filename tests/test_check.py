@@ -432,3 +432,25 @@ def test_the_engine_that_serves_the_draft_grades_its_mismatches_as_problems(tmp_
     assert [p["code"] for p in sglang] == ["consumer_cannot_load"] and "is speculators format" in sglang[0]["problem"]
     with pytest.raises(ValueError, match="engine must be one of vllm, sglang"):
         check_checkpoint(folder, engine="tgi")
+
+
+@pytest.mark.parametrize("layer_type, architecture, loads", [
+    ("qwen3", "Eagle3Qwen3ForCausalLM", True),  # vLLM's Qwen3 draft (q_norm/k_norm): was refused
+    ("qwen3", "Qwen3ForCausalLM", True),  # renamed Eagle3Qwen3ForCausalLM under method eagle3
+    ("qwen3", "LlamaForCausalLMEagle3", False),  # the Llama draft: a KeyError on k_norm
+    ("llama", "Eagle3Qwen3vlForCausalLM", True),  # a Llama draft for a Qwen3-VL target: was read as qwen3
+])
+def test_vllm_builds_the_draft_class_the_eagle_configs_architectures_name(tmp_path, layer_type, architecture, loads):
+    """vLLM 0.32 builds the class the flat config's architectures resolve to (its registry): Qwen3 layers only
+    for Eagle3Qwen3ForCausalLM, Llama layers for the others, the Qwen-VL ones included."""
+    c = tiny_contract(layer_type=layer_type)
+    write_checkpoint(tmp_path / "d", c, random_tensors(c), "eagle")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "architectures": [architecture]}))
+    ckpt = read_checkpoint(tmp_path / "d")
+    assert ckpt.contract.layer_type == layer_type
+    view = consumers(ckpt)["vllm"]
+    assert view["loads"] is loads, view["refused"]
+    if not loads:
+        assert "write architectures [\"Eagle3Qwen3ForCausalLM\"]" in view["refused"][0]
+    assert check_checkpoint(tmp_path / "d", engine="vllm").ok is loads

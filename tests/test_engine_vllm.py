@@ -138,6 +138,18 @@ def test_refusal_is_reported_and_was_predicted_by_check(reports):
 
 
 @pytest.mark.engine
+def test_a_qwen3_layer_is_served_by_the_class_its_architectures_name(reports):
+    """An eagle config with a Qwen3 layer: vLLM's Eagle3Qwen3ForCausalLM serves it as eyas predicts (eyas said
+    vLLM refused any such); its Llama draft class refuses the q_norm/k_norm weights, as eyas says."""
+    r = reports["qwen3_layer_qwen3_class"]
+    assert r["loaded"] and r["agree"] and r["check"]["vllm"]["loads"]
+    assert any("Resolved architecture: Eagle3Qwen3ForCausalLM" in line for line in r["engine_log"])
+    r = reports["qwen3_layer_llama_class"]
+    assert not r["loaded"] and "no module or parameter named 'layers.0.self_attn.k_norm'" in r["error"]
+    assert r["refusal_predicted"]
+
+
+@pytest.mark.engine
 def test_four_states_are_served_as_eyas_writes_them(reports):
     """eyas's speculators export states num_aux_hidden_states: vLLM builds fc for the four states and
     drafts eyas's tokens (a random draft: its first drafted token, compared, is what is at stake)."""

@@ -48,6 +48,8 @@ VLLM_EAGLE3_CLASSES = frozenset({
     "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3MiniMaxM2ForCausalLM", "Eagle3Qwen2_5vlForCausalLM",
     "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM", "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM",
 })
+# the one of them that builds Qwen3 layers (q_norm/k_norm: models/qwen3_eagle3.py); the Qwen-VL ones build Llama's
+VLLM_QWEN3_CLASS = "Eagle3Qwen3ForCausalLM"
 _WRITE_IDS = "write the layer ids in every place engines read them (eyas convert DIR OUT --format both)"
 # SGLang adds 1 to every nested id when the first is 1 (sglang.py): no ids make it capture layers starting at 1
 _FIRST_IS_ONE = ("SGLang cannot capture layers that start at 1, whatever the config says: serve with vLLM, speculators "
@@ -87,8 +89,11 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
         if ec.get("use_aux_hidden_state") is False:
             r["notes"].append("eagle_config.use_aux_hidden_state false: vLLM skips fc and feeds the target's last "
                               "hidden state")
-        if c.layer_type == "qwen3":
-            _refuse(r, f"{EAGLE_ARCH} resolves to vLLM's Llama draft, which has no q_norm/k_norm: convert --format "
+        builds = _vllm_draft_class(cfg.get("architectures"))
+        if c.layer_type == "qwen3" and builds != VLLM_QWEN3_CLASS:
+            _refuse(r, f"vLLM resolves architectures {cfg.get('architectures')} to {builds or 'no draft class'}, "
+                    "which builds no q_norm/k_norm (\"no module or parameter named 'layers.0.self_attn.k_norm'\" at "
+                    f"load): write architectures [\"{VLLM_QWEN3_CLASS}\"] (vLLM's Qwen3 draft), or convert --format "
                     "speculators", "architectures")
     r["capture_layers"] = ids if ids else _default(n)
     if ids is None:
@@ -142,13 +147,27 @@ def _vllm_verifier(r: dict[str, Any], verifier: Any) -> None:
                       "with this draft")
 
 
+def _vllm_draft_class(archs: Any) -> str | None:
+    """The draft class vLLM 0.32 builds for a flat config's architectures under method eagle3 (each renamed
+    as EAGLEConfig does, the first registered one): VLLM_QWEN3_CLASS, the others' Llama draft, or None."""
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        return None
+    return next((a for a in _vllm_renamed(archs) if a in VLLM_EAGLE3_CLASSES), None)
+
+
+def _vllm_renamed(archs: list[str]) -> list[str]:
+    """Architectures as EAGLEConfig renames them under method eagle3: kept where they start or end with
+    "Eagle3", else prefixed with it."""
+    return [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in archs]
+
+
 def _vllm_class(r: dict[str, Any], archs: Any) -> None:
     """vLLM builds the draft class its architectures name once renamed for method eagle3: none registered,
     no load (a flat config without architectures is left to the layer checks)."""
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         return
-    renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in archs]
-    if not VLLM_EAGLE3_CLASSES.intersection(renamed):
+    renamed = _vllm_renamed(archs)
+    if _vllm_draft_class(archs) is None:
         read = "" if renamed == archs else f", read as {renamed} under method eagle3,"
         fix = (f"write architectures [\"{EAGLE_ARCH}\"] (eyas convert DIR OUT --format eagle)"
                if not any(parallel_drafter(a) for a in archs) else

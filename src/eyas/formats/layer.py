@@ -59,7 +59,7 @@ def _dense_class(archs: tuple[str, ...]) -> str | None:
     name = archs[0].lower()
     if any(k in name for k in ("moe", "nextn", "mtp", "deepseek")) or parallel_drafter(name):
         return None
-    if "llama" in name:
+    if "llama" in name or name.endswith("vlforcausallm"):  # Eagle3Qwen3vl / Eagle3Qwen2_5vl: Llama layers (vLLM)
         return "llama"
     if "qwen3" in name:
         return "qwen3"
