@@ -225,6 +225,9 @@ VARIANTS = {
     "sliding_window_4": sliding_window(4),  # every context served here is longer: the window cuts it
     "qwen3_layer_qwen3_class": qwen3_layer("Eagle3Qwen3ForCausalLM"),
     "qwen3_layer_llama_class": qwen3_layer("LlamaForCausalLMEagle3"),
+    # the shipped (llama) layer under vLLM's Qwen3 class, as a user naming "the EAGLE-3 class for Qwen3" writes it
+    "llama_layer_qwen3_class": lambda d: _edit(_export(d, "eagle"),
+                                               lambda cfg: cfg.update(architectures=["Eagle3Qwen3ForCausalLM"])),
 }
 
 

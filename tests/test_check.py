@@ -434,15 +434,19 @@ def test_the_engine_that_serves_the_draft_grades_its_mismatches_as_problems(tmp_
         check_checkpoint(folder, engine="tgi")
 
 
-@pytest.mark.parametrize("layer_type, architecture, loads", [
-    ("qwen3", "Eagle3Qwen3ForCausalLM", True),  # vLLM's Qwen3 draft (q_norm/k_norm): was refused
-    ("qwen3", "Qwen3ForCausalLM", True),  # renamed Eagle3Qwen3ForCausalLM under method eagle3
-    ("qwen3", "LlamaForCausalLMEagle3", False),  # the Llama draft: a KeyError on k_norm
-    ("llama", "Eagle3Qwen3vlForCausalLM", True),  # a Llama draft for a Qwen3-VL target: was read as qwen3
+@pytest.mark.parametrize("layer_type, architecture, loads, problems", [
+    ("qwen3", "Eagle3Qwen3ForCausalLM", True, []),  # vLLM's Qwen3 draft (q_norm/k_norm): was refused
+    ("qwen3", "Qwen3ForCausalLM", True, []),  # renamed Eagle3Qwen3ForCausalLM under method eagle3
+    ("qwen3", "LlamaForCausalLMEagle3", False, ["consumer_cannot_load"]),  # the Llama draft: no parameter k_norm
+    ("llama", "Eagle3Qwen3vlForCausalLM", True, []),  # a Llama draft for a Qwen3-VL target: was read as qwen3
+    # loads, its q_norm/k_norm at ones: was read as a qwen3 layer missing them
+    ("llama", "Eagle3Qwen3ForCausalLM", True, ["consumer_builds_qwen3"]),
 ])
-def test_vllm_builds_the_draft_class_the_eagle_configs_architectures_name(tmp_path, layer_type, architecture, loads):
+def test_vllm_builds_the_draft_class_the_eagle_configs_architectures_name(tmp_path, layer_type, architecture, loads,
+                                                                          problems):
     """vLLM 0.32 builds the class the flat config's architectures resolve to (its registry): Qwen3 layers only
-    for Eagle3Qwen3ForCausalLM, Llama layers for the others, the Qwen-VL ones included."""
+    for Eagle3Qwen3ForCausalLM, Llama layers for the others, the Qwen-VL ones included (tests/test_engine_vllm.py
+    serves three of these)."""
     c = tiny_contract(layer_type=layer_type)
     write_checkpoint(tmp_path / "d", c, random_tensors(c), "eagle")
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
@@ -453,4 +457,4 @@ def test_vllm_builds_the_draft_class_the_eagle_configs_architectures_name(tmp_pa
     assert view["loads"] is loads, view["refused"]
     if not loads:
         assert "write architectures [\"Eagle3Qwen3ForCausalLM\"]" in view["refused"][0]
-    assert check_checkpoint(tmp_path / "d", engine="vllm").ok is loads
+    assert [p["code"] for p in check_checkpoint(tmp_path / "d", engine="vllm").problems] == problems

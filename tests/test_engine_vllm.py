@@ -140,13 +140,20 @@ def test_refusal_is_reported_and_was_predicted_by_check(reports):
 @pytest.mark.engine
 def test_a_qwen3_layer_is_served_by_the_class_its_architectures_name(reports):
     """An eagle config with a Qwen3 layer: vLLM's Eagle3Qwen3ForCausalLM serves it as eyas predicts (eyas said
-    vLLM refused any such); its Llama draft class refuses the q_norm/k_norm weights, as eyas says."""
+    vLLM refused any such); its Llama draft class refuses the q_norm/k_norm weights, as eyas says; and the Qwen3
+    class misbuilds a llama layer, as eyas says."""
     r = reports["qwen3_layer_qwen3_class"]
     assert r["loaded"] and r["agree"] and r["check"]["vllm"]["loads"]
     assert any("Resolved architecture: Eagle3Qwen3ForCausalLM" in line for line in r["engine_log"])
     r = reports["qwen3_layer_llama_class"]
     assert not r["loaded"] and "no module or parameter named 'layers.0.self_attn.k_norm'" in r["error"]
     assert r["refusal_predicted"]
+    # a llama layer under the Qwen3 class: vLLM loads it unsaid, q_norm/k_norm at their initial ones; eyas's check
+    # names it, and the served drafts are not eyas's
+    r = reports["llama_layer_qwen3_class"]
+    assert r["loaded"] and not r["agree"] and r["drafts_compared"]["first_token_same"] < 0.9
+    assert any("eyas check predicted for vLLM: architectures ['Eagle3Qwen3ForCausalLM'] resolve to" in e
+               for e in r["explanation"]), r["explanation"]
 
 
 @pytest.mark.engine

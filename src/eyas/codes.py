@@ -137,7 +137,9 @@ CODES: dict[str, Code] = {
     "consumer_norm_flags": _warning("norm_flags", "an engine uses another norm flag than the contract's"),
     "consumer_replaces_embeddings": _warning("embeddings", "an engine feeds the target's embeddings, not the draft's"),
     "consumer_no_vocab_map": _warning("vocab_map", "an engine maps draft ids to target ids as the identity"),
-    "consumer_builds_qwen3": _warning("config_file", "speculators builds a qwen3 layer: no model_type is named"),
+    "consumer_builds_qwen3": _warning(
+        "config_file", "an engine builds a qwen3 layer for a llama draft (speculators: no model_type is named; vLLM: "
+        "architectures name Eagle3Qwen3ForCausalLM)"),
     "consumer_lm_head_unloaded": _warning(None, "an engine builds the draft's lm_head and loads no weights into it"),
     "consumer_lm_head_replaced": _warning(None, "an engine serves the target's lm_head over the draft's own"),
     "consumer_rope": _warning("rope", "an engine turns the draft's rope at another base than the contract's"),

@@ -95,6 +95,13 @@ def _vllm(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
                     "which builds no q_norm/k_norm (\"no module or parameter named 'layers.0.self_attn.k_norm'\" at "
                     f"load): write architectures [\"{VLLM_QWEN3_CLASS}\"] (vLLM's Qwen3 draft), or convert --format "
                     "speculators", "architectures")
+        elif c.layer_type != "qwen3" and builds == VLLM_QWEN3_CLASS:  # loads: q_norm/k_norm at their initial ones
+            r["mismatches"].append(finding(
+                "consumer_builds_qwen3", "architectures",
+                f"architectures {cfg.get('architectures')} resolve to {VLLM_QWEN3_CLASS}, which builds a qwen3 layer: "
+                "this llama layer's weights load into it and its q_norm/k_norm stay at their initial ones (vLLM 0.32 "
+                "loads it unsaid; acceptance falls)", f"write architectures [\"{EAGLE_ARCH}\"] (eyas convert DIR OUT "
+                "--format eagle)"))
     r["capture_layers"] = ids if ids else _default(n)
     if ids is None:
         r["notes"].append(f"no layer ids read: captures {_default_note(n)}")

@@ -288,9 +288,11 @@ def _wrapped_names(weights: Path, wrapped: int, total: int) -> dict[str, str]:
 
 def _layer_by_weights(p: Parsed, tensors: dict, origin: dict[str, str]) -> list[dict[str, str]]:
     """A dense class beside model_type qwen3 (eyas.formats.layer): weights without q_norm/k_norm are the layer
-    the class builds, which every engine serves (the config was refused for tensors it never needed)."""
-    if any(".self_attn.q_norm." in n or ".self_attn.k_norm." in n for n in tensors):
-        return []
+    the class builds, which every engine serves (the config was refused for tensors it never needed). Beside a
+    class that builds a qwen3 layer, such weights stay the llama layer they are: vLLM's view says it misbuilds
+    them (eyas.check.consumers)."""
+    if any(".self_attn.q_norm." in n or ".self_attn.k_norm." in n for n in tensors) or p.class_layer == "qwen3":
+        return []  # no q_norm/k_norm beside a qwen3 class: a llama layer, which that class misbuilds (consumers)
     said = p.fields["layer_type"]
     p.set("layer_type", p.class_layer, f"{p.file}: architectures (its weights have no q_norm/k_norm)")
     origin["layer_type"] = p.origin["layer_type"]
