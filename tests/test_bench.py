@@ -366,7 +366,7 @@ def test_option_parsing():
         with pytest.raises(EyasError, match="dtype '(fp|float)16' is not supported") as e:  # before any model loads
             run()
         assert "bf16 (bfloat16) or fp32 (float32)" in e.value.hint
-    assert not cache_dir().exists()  # the default target was not converted: nothing loaded (it took 24 s)
+    assert not cache_dir().exists()  # the default target was not converted: nothing loaded (24 s, 2-core AVX2 EPYC)
 
 
 def test_a_sweep_that_nothing_beat_decodes_with_the_target_alone(saved, tmp_path):

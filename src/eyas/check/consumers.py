@@ -174,7 +174,7 @@ def _vllm_class(r: dict[str, Any], archs: Any) -> None:
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         return
     renamed = _vllm_renamed(archs)
-    if _vllm_draft_class(archs) is None:
+    if not VLLM_EAGLE3_CLASSES.intersection(renamed):
         read = "" if renamed == archs else f", read as {renamed} under method eagle3,"
         fix = (f"write architectures [\"{EAGLE_ARCH}\"] (eyas convert DIR OUT --format eagle)"
                if not any(parallel_drafter(a) for a in archs) else

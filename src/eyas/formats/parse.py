@@ -428,7 +428,7 @@ def _eagle_capture(p: Parsed, cfg: dict, ec: dict, n_target: int | None, conv: s
     read, how = _nested_reading(nested, conv) if nested is not None else (None, "")
     if top is not None:
         p.set("capture_layers", top, f"{p.file}: {IDS} (top level, capture indices)")
-        if nested is not None and read != top and conv is None and nested == top and top[0] == 1:
+        if conv is None and nested == top and top[0] == 1:  # as eyas writes them: SGLang reads the nested + 1
             p.warn(
                 "layer_ids_first_is_one",
                 f"eagle_config.{IDS}",

@@ -292,7 +292,7 @@ def _layer_by_weights(p: Parsed, tensors: dict, origin: dict[str, str]) -> list[
     class that builds a qwen3 layer, such weights stay the llama layer they are: vLLM's view says it misbuilds
     them (eyas.check.consumers)."""
     if any(".self_attn.q_norm." in n or ".self_attn.k_norm." in n for n in tensors) or p.class_layer == "qwen3":
-        return []  # no q_norm/k_norm beside a qwen3 class: a llama layer, which that class misbuilds (consumers)
+        return []
     said = p.fields["layer_type"]
     p.set("layer_type", p.class_layer, f"{p.file}: architectures (its weights have no q_norm/k_norm)")
     origin["layer_type"] = p.origin["layer_type"]
