@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from conftest import TINY_TARGET_LAYERS, random_tensors, tiny_contract
 from eyas.check import check_checkpoint, consumers
 from eyas.codes import text_of
 from eyas.contract import Verifier
-from eyas.errors import FormatError
+from eyas.errors import ContractError, FormatError
 from eyas.formats import IDS, eagle_config, read_checkpoint, speculators_config, write_checkpoint
 from eyas.target import target_config
 from eyas.weights import from_canonical
@@ -79,6 +79,16 @@ def test_every_problem_is_listed_at_once(tmp_path, target):
     assert any("no rope_theta" in w["warning"] for w in rep.warnings)
 
 
+def _without_embeddings(path, c, fmt):
+    """`c` (widths that differ) written without embed_tokens, as a trainer may export it: write_checkpoint
+    refuses to (no target can lend them)."""
+    own = c.replace(has_embeddings=True)
+    write_checkpoint(path, own, random_tensors(own), fmt)
+    weights = load_file(path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "embed_tokens.weight"}, path / "model.safetensors")
+    return path
+
+
 def test_target_mismatches(tmp_path, target):
     c = tiny_contract(
         vocab_size=300,
@@ -88,22 +98,32 @@ def test_target_mismatches(tmp_path, target):
         target_hidden_size=48,
         capture_layers=(2, 3, 5),
     )
-    write_checkpoint(tmp_path / "ck", c, random_tensors(c), "eagle")
+    _without_embeddings(tmp_path / "ck", c, "eagle")
     rep = check_checkpoint(tmp_path / "ck", target=target)
     assert set(_fields(rep)) == {"vocab_size", "target_hidden_size", "embed_tokens.weight"}
 
 
-def test_embeddings_no_target_can_lend_are_a_problem_without_a_target(tmp_path, target):
+def test_embeddings_no_target_can_lend_are_a_problem_without_a_target(tmp_path, target, capsys):
     """target_hidden_size 96 != hidden_size 64 and no embed_tokens: the config alone says the target's embeddings
-    cannot serve the draft; check said ok without --target (and inspect "the target's are used"), and named it
-    only against a target. Said once with one."""
+    cannot serve the draft (vLLM keeps the draft's own table, never loaded). check named it only against a target,
+    then check alone but not inspect (exit 0, no problem), and write/convert wrote such a draft as lossless. A
+    tensor rule now: said once, by every verb."""
+    from eyas.cli import main
+
     c = tiny_contract(target_hidden_size=96)
-    write_checkpoint(tmp_path / "ck", c, random_tensors(c), "speculators")
-    rep = check_checkpoint(tmp_path / "ck")
+    with pytest.raises(ContractError, match="the target's embeddings are 96 wide"):
+        write_checkpoint(tmp_path / "refused", c, random_tensors(c), "speculators")
+    assert not (tmp_path / "refused").exists()
+    ck = _without_embeddings(tmp_path / "ck", c, "speculators")
+    rep = check_checkpoint(ck)
     assert [p["code"] for p in rep.problems] == ["target_embeddings_unshareable"], rep.problems
     assert "the target's embeddings are 96 wide" in rep.problems[0]["problem"]
-    with_target = check_checkpoint(tmp_path / "ck", target=target)
+    with_target = check_checkpoint(ck, target=target)
     assert [p["code"] for p in with_target.problems].count("target_embeddings_unshareable") == 1
+    assert main(["inspect", str(ck), "--json"]) == 1
+    assert [p["code"] for p in json.loads(capsys.readouterr().out)["problems"]] == ["target_embeddings_unshareable"]
+    assert main(["convert", str(ck), str(tmp_path / "copy"), "--format", "eagle"]) == 2
+    assert "the target's embeddings are 96 wide" in capsys.readouterr().err and not (tmp_path / "copy").exists()
 
 
 def test_unreadable_weights_are_errors_missing_weights_are_problems(tmp_path, target):

@@ -314,6 +314,15 @@ def vocab_map_completed(tmp_path):
         _folder(tmp_path / "u", {"config.json": speculators_config(c)}, bytes_mask))
 
 
+def conversion_losses(tmp_path):
+    """A speculators draft converted to eagle: its proposal settings have no field there."""
+    from eyas.formats import convert_checkpoint
+
+    c = tiny_contract()
+    src = _folder(tmp_path / "s", {"config.json": speculators_config(c)}, _t(c))
+    return _codes(convert_checkpoint(src, tmp_path / "e", "eagle")[1].warnings)
+
+
 def engine_refusals(tmp_path):
     """vLLM sizes fc for 3 chunks from a speculators config without num_aux_hidden_states (vLLM #54526)."""
     c = tiny_contract(capture_layers=(1, 2, 3, 4))
@@ -362,6 +371,7 @@ SCENARIOS = {  # scenario: the codes it must produce
     },
     vocab_map_completed: {"t2d_derived", "d2t_cast", "t2d_cast"},
     engine_refusals: {"consumer_cannot_load"},
+    conversion_losses: {"proposals_not_kept"},
 }
 
 

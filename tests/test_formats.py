@@ -1046,6 +1046,30 @@ def test_convert_says_each_warning_once_naming_the_source(tmp_path, capsys):
     assert shared["warning"].startswith(str(tmp_path / "api" / "model.safetensors"))
 
 
+def test_convert_keeps_the_draft_length_a_speculators_source_states(tmp_path, capsys):
+    """speculators' proposal_methods say how many tokens `vllm serve DIR` drafts per step: convert wrote its own 3
+    over the source's 5, unsaid. Now a speculators copy keeps them, and an eagle copy (no field for it) says so."""
+    from eyas.cli import main
+
+    c = tiny_contract()
+    src = write_checkpoint(tmp_path / "src", c, random_tensors(c), "speculators")
+    cfg = json.loads((src / "config.json").read_text())
+    methods = [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1, "accept_tolerance": 0.0}]
+    cfg["speculators_config"]["proposal_methods"] = methods
+    (src / "config.json").write_text(json.dumps(cfg))
+    for fmt in ("speculators", "both"):
+        assert main(["convert", str(src), str(tmp_path / fmt), "--format", fmt]) == 0
+        assert json.loads((tmp_path / fmt / "config.json").read_text())["speculators_config"]["proposal_methods"] \
+            == methods
+        assert "proposal_methods" not in capsys.readouterr().out
+    assert main(["convert", str(src), str(tmp_path / "eagle"), "--format", "eagle", "--json"]) == 0
+    (said,) = [w for w in json.loads(capsys.readouterr().out)["warnings"] if w["code"] == "proposals_not_kept"]
+    assert "speculative_tokens 5" in said["warning"] and '"num_speculative_tokens": 5' in said["fix"]
+    assert main(["convert", str(tmp_path / "eagle"), str(tmp_path / "back"), "--format", "speculators"]) == 0
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["speculators_config"]["proposal_methods"][0][
+        "speculative_tokens"] == 3  # eyas's own, where the source states none
+
+
 def test_convert_to_speculators_names_the_verifier_as_init_does(tmp_path, capsys):
     """An eagle draft naming no verifier: --verifier-name, else --target's path, is recorded (vLLM serves
     the verifier a speculators config names); with neither, a warning says how to give one. A verifier the

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -122,6 +124,24 @@ def test_a_map_engines_serve_is_completed_on_read(tmp_path, case, codes):
     _, written = convert_checkpoint(ck.path, tmp_path / "out", "eagle")
     assert not {w["code"] for w in read_checkpoint(written.path).warnings} & set(VOCAB_MAP_COMPLETED)
     assert set(codes) <= set(VOCAB_MAP_COMPLETED)  # convert says "completed as warned", not "bit-identical"
+
+
+@pytest.mark.parametrize("case, stored, said", [
+    ("no t2d", {"d2t": "int64"}, "not in the file: derived from d2t"),
+    ("d2t int32", {"d2t": "int32", "t2d": "bool"}, "stored int32, read as int64"),
+    ("t2d uint8", {"d2t": "int64", "t2d": "uint8"}, "stored uint8, read as bool"),
+])
+def test_inspect_lists_the_map_as_stored_and_says_what_was_completed(tmp_path, capsys, case, stored, said):
+    """inspect listed the completed map as the file's: a t2d the file lacks among its tensors (one more than
+    it holds), a d2t stored int32 as int64, beside the warning that said otherwise."""
+    from eyas.cli import main
+
+    main(["inspect", str(_stored(tmp_path, case)), "--json"])
+    t = json.loads(capsys.readouterr().out)["tensors"]
+    assert {k: v["dtype"] for k, v in t["tensors"].items() if k in ("d2t", "t2d")} == stored
+    assert t["count"] == len(t["tensors"]) and t["dtypes"]["float32"] == t["count"] - len(stored)
+    (name, how), = t["completed"].items()
+    assert how.startswith(said) and name == ("t2d" if case != "d2t int32" else "d2t")
 
 
 @pytest.mark.parametrize("case", ["out of range", "d2t short"])

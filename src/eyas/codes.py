@@ -102,6 +102,9 @@ CODES: dict[str, Code] = {
     "fc_shape": _problem("capture_layers", "fc.weight's shape fits no count of target states"),
     "lm_head_shape": _problem(None, "lm_head.weight's shape disagrees with draft_vocab_size or hidden_size"),
     "embed_tokens_shape": _problem("embeddings", "embed_tokens.weight's shape disagrees with vocab_size/hidden_size"),
+    "target_embeddings_unshareable": _problem(
+        "embeddings", "the draft and target widths differ (its config, or the target's) and it ships no embed_tokens"
+    ),
     # --- the vocab map (eyas.formats.validate.vocab_map_problems, the one rule) ---
     "vocab_map_missing": _problem("vocab_map", "a reduced draft vocab without d2t/t2d: engines map id i to id i"),
     "d2t_missing": _problem("vocab_map", "t2d is stored without d2t"),
@@ -123,10 +126,13 @@ CODES: dict[str, Code] = {
     "target_vocab_size": _problem(None, "the draft's vocab_size is not the target's"),
     "target_draft_vocab_size": _problem(None, "the draft vocab is larger than the target's"),
     "target_hidden_size": _problem(None, "the draft reads target states of another width"),
-    "target_embeddings_unshareable": _problem("embeddings", "widths differ and the draft ships no embed_tokens"),
     "target_context_longer": _problem(None, "the draft's max_position_embeddings is shorter than the target's"),
     "target_architectures": _problem(None, "the draft names another verifier architecture"),
     "target_not_given": _warning(None, "no target given: nothing was checked against one"),
+    # --- what a conversion cannot carry over (eyas.formats.write) ---
+    "proposals_not_kept": _warning(
+        None, "the source's speculative_tokens (vllm serve's draft length) has no field in an eagle config"
+    ),
     # --- the contract on its own (eyas.check.rules) ---
     "verifier_name_missing": _problem(None, "a speculators config without a verifier name: vllm serve cannot find it"),
     "verifier_not_portable": _problem(None, "the verifier is recorded as a local path"),

@@ -49,7 +49,7 @@ def target_problems(c: DraftContract, tgt: dict[str, Any]) -> list[dict[str, str
             )
         )
     if H is not None and c.hidden_size != H and not c.has_embeddings and c.target_hidden_size == c.hidden_size:
-        # (a draft whose config states the widths differ is refused without a target: contract_problems)
+        # (a draft whose config states the widths differ: eyas.formats.validate, with its tensors)
         out.append(
             finding(
                 "target_embeddings_unshareable",
@@ -110,17 +110,6 @@ def contract_problems(ckpt: Checkpoint) -> tuple[list[dict[str, str]], list[dict
                 f"verifier {name!r} is a local path: the checkpoint is not portable "
                 "(readers that serve or download the verifier a draft names look for it there; see consumers)",
                 _HUB_ID,
-            )
-        )
-    if c.target_hidden_size != c.hidden_size and not c.has_embeddings:  # the config says so: no target needed
-        problems.append(
-            finding(
-                "target_embeddings_unshareable",
-                "embed_tokens.weight",
-                f"target_hidden_size {c.target_hidden_size} != hidden_size {c.hidden_size} and the draft has no "
-                f"embed_tokens: the target's embeddings are {c.target_hidden_size} wide, the draft's layer takes "
-                f"{c.hidden_size}",
-                "export the draft's own embed_tokens",
             )
         )
     if c.rope_theta is None:

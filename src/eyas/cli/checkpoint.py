@@ -31,25 +31,36 @@ def _verifier_config(args: argparse.Namespace) -> dict | None:
 
 
 def tensor_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
-    """Count, parameters, dtypes and every tensor's shape; None when tensors were not read."""
+    """Count, parameters, dtypes and every tensor's shape as the weight files store them; None when tensors
+    were not read. `completed`: what eyas reads differently from the file (a t2d derived from d2t, a map
+    cast), said beside the stored tensors rather than listed as one of them."""
     if not ckpt.tensors_loaded:
         return None
+    stored = {n: t for n, t in (ckpt.tensors | ckpt.filled).items() if t is not None}
     dtypes: dict[str, int] = {}
-    for t in ckpt.tensors.values():
-        key = str(t.dtype).removeprefix("torch.")
+    for t in stored.values():
+        key = _dtype(t)
         dtypes[key] = dtypes.get(key, 0) + 1
     return {
-        "count": len(ckpt.tensors),
-        "parameters": sum(t.numel() for t in ckpt.tensors.values()),
+        "count": len(stored),
+        "parameters": sum(t.numel() for t in stored.values()),
         "dtypes": dtypes,
         "weight_files": ckpt.weight_files,
         "naming": ckpt.weight_naming,
         "names_under_model_prefix": ckpt.wrapped,
-        "tensors": {
-            n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for n, t in sorted(ckpt.tensors.items())
-        },
+        "tensors": {n: {"shape": list(t.shape), "dtype": _dtype(t)} for n, t in sorted(stored.items())},
+        "completed": {n: _completed(was, ckpt.tensors[n]) for n, was in sorted(ckpt.filled.items())},
     }
+
+
+def _completed(was: Any, now: Any) -> str:
+    if was is None:
+        return f"not in the file: derived from d2t, {_dtype(now)} {list(now.shape)}"
+    return f"stored {_dtype(was)}, read as {_dtype(now)}"
+
+
+def _dtype(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def inspect_report(ckpt: Checkpoint) -> dict[str, Any]:
@@ -135,7 +146,8 @@ def _tensor_lines(t: dict[str, Any] | None) -> list[str]:
         f"{f', {n} under model.' if (n := t['names_under_model_prefix']) else ''}), "
         f"{t['parameters']:,} parameters, {', '.join(f'{k} x{n}' for k, n in t['dtypes'].items())}"
     )
-    return [head] + [f"  {n:<44}{str(x['shape']):<16}{x['dtype']}" for n, x in t["tensors"].items()]
+    return [head] + [f"  {n:<44}{str(x['shape']):<16}{x['dtype']}" for n, x in t["tensors"].items()] + [
+        f"  {n:<44}{how}" for n, how in t["completed"].items()]
 
 
 def _consumer_lines(consumers: dict[str, dict[str, Any]]) -> list[str]:

@@ -7,6 +7,7 @@ chosen so that current SGLang captures the same layers (`sglang_layer_ids`).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from eyas.contract import IDS, DraftContract
@@ -64,17 +65,36 @@ def _trainer_fields(c: DraftContract) -> dict[str, Any]:
         {"target_model_type": c.verifier.model_type} if c.verifier.model_type else {})
 
 
-def speculators_config(c: DraftContract, dtype: str | None = None) -> dict[str, Any]:
-    """The speculators `config.json` for `c`: every flag explicit, no top-level model_type, no auto_map."""
+# how many tokens a speculators config asks `vllm serve DIR` to draft per step, where no source states it
+PROPOSALS = {
+    "default_proposal_method": "greedy",
+    "proposal_methods": [
+        {"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+    ],
+}
+
+
+def proposals_of(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """A speculators config's proposal settings (vLLM serves the first method's `speculative_tokens` per
+    step), kept as written; None when it states none. They are serving settings, not the draft's
+    contract: convert carries them over instead of writing eyas's own."""
+    spec = cfg.get("speculators_config")
+    methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
+    if not isinstance(methods, list) or not methods:
+        return None
+    return {k: spec[k] for k in PROPOSALS if k in spec}
+
+
+def speculators_config(c: DraftContract, dtype: str | None = None,
+                       proposals: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The speculators `config.json` for `c`: every flag explicit, no top-level model_type, no auto_map;
+    `proposals` (proposals_of a source) replace eyas's PROPOSALS."""
     return {
         "speculators_model_type": "eagle3",
         "architectures": ["Eagle3Speculator"],
         "speculators_config": {
             "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1, "accept_tolerance": 0.0}
-            ],
+            **copy.deepcopy({**PROPOSALS, **(proposals or {})}),  # a config is the caller's to change
             "verifier": {"name_or_path": c.verifier.name_or_path, "architectures": list(c.verifier.architectures)},
         },
         # vLLM sizes fc from num_aux_hidden_states here, else 3 (it reads no ids in this object)

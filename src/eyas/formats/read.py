@@ -58,6 +58,9 @@ class Checkpoint:
     # findings, severity "problem": the config files' disagreements that change the draft, plus (strict=False
     # only) what strict would raise
     problems: list[dict[str, str]] = field(default_factory=list)
+    # the vocab map as the file stores it where eyas completed it (complete_vocab_map): name -> the stored
+    # tensor, None when it is not in the file (t2d derived from d2t); `tensors` holds what eyas uses
+    filled: dict[str, torch.Tensor | None] = field(default_factory=dict)
 
     @property
     def config_path(self) -> Path:
@@ -158,6 +161,7 @@ def read_checkpoint(
     contract = _build_contract(p, tensors if loaded else None, facts, origin, path / used if path.is_dir() else path)
     if loaded and not contract.has_lm_head:
         warnings.append(_shared_lm_head(path / wfiles[0]))
+    filled: dict[str, torch.Tensor | None] = {}
     if loaded and p.foreign_layout:  # no tensor layout to check against: running it is refused instead
         warnings.append(
             finding(
@@ -169,8 +173,10 @@ def read_checkpoint(
             )
         )
     elif loaded:
+        stored = tensors
         tensors, completed = complete_vocab_map(contract, tensors, f"{path / wfiles[0]}: ")
         warnings += completed
+        filled = {n: stored.get(n) for n, t in tensors.items() if stored.get(n) is not t}
         against = f"{path / wfiles[0]} (checked against {used}): "  # either file may be the wrong one
         for prob in tensor_problems(contract, tensors):
             issues.add(ContractError, prefixed(prob, against))
@@ -191,6 +197,7 @@ def read_checkpoint(
         aux_norm_names=aux_names,
         tensors_loaded=bool(loaded),
         problems=[d for d in disagree if "problem" in d] + issues.problems,
+        filled=filled,
     )
 
 
@@ -315,7 +322,8 @@ def _build_contract(p: Parsed, tensors: dict | None, facts: dict, origin: dict[s
         f["has_embeddings"] = "embed_tokens.weight" in tensors
         f["has_vocab_map"] = "d2t" in tensors or "t2d" in tensors
         origin["has_embeddings"] = "tensors: embed_tokens.weight " + ("present" if f["has_embeddings"] else "absent")
-        origin["has_vocab_map"] = "tensors: d2t/t2d " + ("present" if f["has_vocab_map"] else "absent")
+        origin["has_vocab_map"] = "tensors: " + (", ".join(f"{n} {'present' if n in tensors else 'absent'}" for n in
+                                                          ("d2t", "t2d")) if f["has_vocab_map"] else "d2t/t2d absent")
         # no lm_head of its own: a full-vocab draft reads the target's (a reduced one is missing a tensor)
         f["has_lm_head"] = "lm_head.weight" in tensors or f["has_vocab_map"] or f["draft_vocab_size"] < f["vocab_size"]
         state = "present" if "lm_head.weight" in tensors else "absent" + ("" if not f["has_lm_head"] else " (required)")

@@ -90,7 +90,24 @@ def tensor_problems(c: DraftContract, tensors: dict[str, torch.Tensor]) -> list[
             out.append(_missing(name))
     mapped = set(_VOCAB_MAP) if c.has_vocab_map else set()
     out += [_unexpected(n) for n in sorted(tensors.keys() - expected.keys() - mapped) if _is_unexpected(c, n)]
-    return out + vocab_map_problems(c, tensors)
+    return out + _unshareable_embeddings(c, tensors) + vocab_map_problems(c, tensors)
+
+
+def _unshareable_embeddings(c: DraftContract, tensors: dict[str, torch.Tensor]) -> list[dict[str, str]]:
+    """A draft whose config makes it narrower or wider than its target needs its own embed_tokens: the
+    target's are target_hidden_size wide, so no target can lend them (the config alone says so, as a
+    reduced vocab says it needs d2t). vLLM 0.32 then keeps the draft's own table, never loaded
+    (v1/spec_decode/llm_base_proposer.py shares only a table of the same width)."""
+    if c.target_hidden_size == c.hidden_size or "embed_tokens.weight" in tensors:
+        return []
+    return [finding(
+        "target_embeddings_unshareable",
+        "embed_tokens.weight",
+        f"target_hidden_size {c.target_hidden_size} != hidden_size {c.hidden_size} and the draft has no "
+        f"embed_tokens: the target's embeddings are {c.target_hidden_size} wide, the draft's layer takes "
+        f"{c.hidden_size}",
+        "export the draft's own embed_tokens",
+    )]
 
 
 def not_finite(name: str, t: torch.Tensor) -> dict[str, str] | None:

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from eyas.atomic import temp_folder, write_json
+from eyas.codes import finding
 from eyas.contract import DraftContract
 from eyas.errors import ContractError, FormatError
-from eyas.formats.emit import eagle_config, speculators_config, verifier_config_of
+from eyas.formats.emit import eagle_config, proposals_of, speculators_config, verifier_config_of
 from eyas.formats.parse import parse_eagle, parse_speculators
 from eyas.formats.parsed import Parsed
 from eyas.formats.read import Checkpoint, read_checkpoint
@@ -83,7 +84,8 @@ def _some(names: list[str]) -> str:
 
 
 def _write(
-    dst: str | Path, contract: DraftContract, tensors: dict[str, torch.Tensor], fmt: str, force: bool
+    dst: str | Path, contract: DraftContract, tensors: dict[str, torch.Tensor], fmt: str, force: bool,
+    proposals: dict | None = None,
 ) -> Checkpoint:
     if fmt not in (*FORMATS, "both"):
         raise ValueError(f"fmt must be speculators, eagle or both, got {fmt!r}")
@@ -93,7 +95,8 @@ def _write(
     if problems:
         raise ContractError(problems[0]["problem"], problems[0]["fix"])
     dtype = dtype_name(tensors)
-    configs = {"config.json": speculators_config(contract, dtype) if fmt != "eagle" else eagle_config(contract, dtype)}
+    configs = {"config.json": speculators_config(contract, dtype, proposals) if fmt != "eagle"
+               else eagle_config(contract, dtype)}
     if fmt == "both":
         configs["config_eagle.json"] = eagle_config(contract, dtype)
     with temp_folder(dst, replace=force) as tmp:
@@ -191,7 +194,32 @@ def convert_checkpoint(
         # the source names no layers: neither does its copy, which engines serve as they serve the source
         # (the engines' default of each target; --target's depth only resolved it for reading)
         contract = contract.replace(capture_layers=None)
-    return source, _write(dst_p, contract, source.tensors, to, force)
+    name, proposals = _proposals(source)
+    written = _write(dst_p, contract, source.tensors, to, force, proposals)
+    if to == "eagle" and proposals is not None:
+        written.warnings.append(_proposals_not_kept(source.path / name, proposals))
+    return source, written
+
+
+def _proposals(source: Checkpoint) -> tuple[str, dict | None]:
+    """The proposal settings a speculators config of the source states (the file eyas used first), and
+    that file's name."""
+    for name in sorted(source.configs, key=lambda name: name != source.config_used):
+        if source.files.get(name) == "speculators" and (p := proposals_of(source.configs[name])) is not None:
+            return name, p
+    return source.config_used, None
+
+
+def _proposals_not_kept(file: Path, proposals: dict) -> dict[str, str]:
+    first = proposals["proposal_methods"][0]
+    k = first.get("speculative_tokens") if isinstance(first, dict) else None
+    return finding(
+        "proposals_not_kept", "speculators_config.proposal_methods",
+        f"{file}: speculators_config.proposal_methods (speculative_tokens {k}: how many tokens `vllm serve` "
+        "drafts per step) has no field in an eagle config: an engine serving the copy drafts what it is told",
+        f"serve the copy with --speculative-config '{{\"method\": \"eagle3\", \"model\": DST, "
+        f"\"num_speculative_tokens\": {k}}}'",
+    )
 
 
 def _linked_into(src: Path, dst: Path) -> Path | None:
