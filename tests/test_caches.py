@@ -299,6 +299,9 @@ def test_specforge_ids_must_be_integers(target, rows, tmp_path):
     (lambda r: {**r, "hidden_state": r["hidden_state"].to("meta")}, ("hidden_state", "expected float")),
     (lambda r: {**r, "loss_mask": r["loss_mask"].long() * 101 - 100}, ("loss_mask holds -100", "0 and 1 only")),
     (lambda r: {1: r["input_ids"], **{k: v for k, v in r.items() if k != "hidden_state"}}, ("no 'hidden_state'",)),
+    # the ids cut short: the first tensor checked against their length (loss_mask) was blamed
+    (lambda r: {**r, "input_ids": r["input_ids"][:-2]}, ("input_ids holds", "loss_mask and aux_hidden_state and "
+                                                         "hidden_state hold")),
 ])
 def test_samples_no_trainer_writes_are_one_line(target, rows, tmp_path, change, words):
     """A sparse or meta tensor, a -100 "mask", a key that is no text: tracebacks inside torch or sorted(),

@@ -327,6 +327,10 @@ def test_a_flag_the_verb_lacks_is_refused_by_the_verb(capsys):
     assert "eyas init: error: unrecognized arguments: --device cuda" in lines
     code, _, err = run(capsys, "sideways")
     assert code == 2 and err.splitlines()[-1] == "hint: `eyas --help` lists the verbs"
+    # the verb's own flag before the verb: "unrecognized" alone sent the user to a --help that lists it
+    code, out, _ = run(capsys, "--json", "check")
+    assert code == 2 and json.loads(out)["error"] == ("eyas check: unrecognized arguments: --json (--json: a flag of "
+                                                      "`eyas check`, given before the verb: put it after)")
 
 
 def test_python_m_eyas_and_a_light_help():

@@ -136,8 +136,10 @@ def test_read_json_array_with_line_numbers(tmp_path):
     ],
 )
 def test_prompt_file_errors_name_the_line(tmp_path, name, text, message):
-    with pytest.raises(FormatError, match=message):
+    """The file as given, not its name alone (two prompt files of one name in two folders were one)."""
+    with pytest.raises(FormatError, match=message) as e:
         read_prompts(write(tmp_path / name, text))
+    assert str(e.value).startswith(str(tmp_path / name)) or "no prompts found" in str(e.value)
 
 
 def test_missing_prompt_file(tmp_path):

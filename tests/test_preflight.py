@@ -336,6 +336,22 @@ def test_no_output_overwrites_an_input(world, tmp_path, capsys, no_loading):
     assert (tmp_path / "work" / "shards").is_dir()
 
 
+def test_an_output_that_is_a_link_to_nothing_is_refused(world, tmp_path, capsys, no_loading):
+    """A link loop as an output crashed the output check with a traceback (exit 1); a dangling link led
+    convert to make the folders it pointed at (/nonexistent/x) and write the draft there."""
+    t, d, prompts = world["target"], world["draft"], world["prompts"]
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone" / "x")
+    for link in ("loop1", "dangling"):
+        out = tmp_path / link
+        refused(capsys, ["convert", d, out, "--format", "eagle", "--force"], "(DST) is a link to nothing")
+        refused(capsys, ["init", out, "--target", t, "--force"], "(DST) is a link to nothing")
+        refused(capsys, ["capture", "--prompts", prompts, "--out", out, "--target", t], "(--out) is a link to nothing")
+        refused(capsys, ["eval", d, "--prompts", prompts, "--plot", out, "--target", t], "(--plot) is a link to nothing")
+    assert not (tmp_path / "gone").exists() and (tmp_path / "dangling").is_symlink()
+
+
 def test_capture_without_layers_on_a_shallow_target_is_refused_before_it_loads(world, tmp_path, capsys, no_loading):
     """The engines' default (2, N//2, N-3) on this 4-layer target is [2, 2, 1]: said from its config."""
     refused(capsys, ["capture", "--prompts", world["prompts"], "--out", tmp_path / "out", "--target", world["target"]],
@@ -372,11 +388,10 @@ def test_no_output_lands_inside_a_feature_cache(world, tmp_path, capsys, no_load
     before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
     refused(capsys, ["eval", d, "--data", cache, "--plot", cache / "rows_0-2000" / "data_9.ckpt", "--target", t],
             "data_9.ckpt (--plot) is inside", "(--data)")
-    refused(capsys, ["train", "--data", cache, "--out", cache / "run", "--target", t], "(--out) is inside", "(--data")
+    # train reads eyas captures alone: another trainer's cache is named as one before its --out is looked at
+    refused(capsys, ["train", "--data", cache, "--out", cache / "run", "--target", t],
+            f"{cache} (--data) is a specforge feature cache")
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
-    # --init default is the shipped draft, which this tiny target has none of
-    refused(capsys, ["train", "--data", cache, "--out", tmp_path / "run", "--target", t, "--init", "default"],
-            f"--init default: eyas ships no draft for the target {t}")
 
 
 def test_no_output_lands_in_any_feature_cache(world, tmp_path, capsys, no_loading):
@@ -550,6 +565,12 @@ def a_capture(world) -> Path:
                  "--capture-layers", ",".join(map(str, LAYERS)), "--max-new-tokens", "4", "--dtype", "fp32",
                  "--no-progress"]) == 0
     return out
+
+
+def test_train_init_default_without_a_shipped_draft_is_refused(world, a_capture, tmp_path, capsys, no_loading):
+    """--init default is the shipped draft, which this tiny target has none of."""
+    refused(capsys, ["train", "--data", a_capture, "--out", tmp_path / "run", "--target", world["target"], "--init",
+                     "default"], f"--init default: eyas ships no draft for the target {world['target']}")
 
 
 def test_resuming_a_capture_under_other_settings_is_refused_before_the_target_loads(world, a_capture, capsys,

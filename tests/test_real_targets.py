@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 import eyas.weights as weights_mod
 from eyas.cli import main
 from eyas.data import capture
+from eyas.data.caches import NORMED
 from eyas.devices import on_gpu, parse_device
 from eyas.dtypes import short_name
 from eyas.errors import EyasError
@@ -21,6 +22,7 @@ from eyas.engines.predict import predict
 from eyas.evaluate import eval_dtype, target_greedy
 from eyas.target import Target
 from eyas.target_ref import TargetRef
+from eyas.verdict import describe
 from test_data import CROSS, LAYERS, PROMPTS, save_tiny_target
 from test_evaluate import tiny  # noqa: F401 (a fixture)
 
@@ -335,7 +337,10 @@ def test_a_foreign_cache_gives_the_acceptance_of_eyas_own_capture(plain, trained
     assert theirs["tokens"] == mine["tokens"]
     for key in ("acceptance_by_depth", "tau_chain", "tau_tree"):
         assert theirs[key] == pytest.approx(mine[key], nan_ok=True), key
-    assert "model.norm.weight" in theirs["cost"]["target_tensors_read"]
+    # speculators stores the last state before the final norm (read and applied); SpecForge after it (not read)
+    assert ("model.norm.weight" in theirs["cost"]["target_tensors_read"]) == (fmt != "specforge")
+    assert ("final norm and lm_head" in describe(theirs["data"]["verdict"], theirs["data"]["last_hidden"] == NORMED)) \
+        == (fmt != "specforge")
 
 
 def test_a_cache_without_the_last_state_is_judged_by_its_tokens_and_says_so(plain, tmp_path, capsys):
@@ -367,6 +372,27 @@ def _doctor_on_specforge(plain, tmp_path, capsys, draft_layers: str, cache_ids: 
     code = main(["doctor", str(draft), "--features", str(cache), "--target", str(folder), "--no-progress", *flags])
     out, err = capsys.readouterr()
     return code, out, err, cache
+
+
+def test_eval_says_in_one_warning_which_layers_a_specforge_cache_may_hold(plain, tmp_path, capsys):
+    """SpecForge records no layers: eyas assumes its default, the draft reads its own, and SpecForge trained
+    with the draft's config took that config's ids as outputs of layers. Three statements (a layers line and two
+    warnings, one set each) are one warning naming the three sets."""
+    import cache_writers
+
+    folder, _, rows, _ = plain
+    draft, cache = tmp_path / "draft", tmp_path / "cache"
+    assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,3", "--format", "eagle"]) == 0
+    cache_writers.write_specforge(Target.load(folder).model, rows[:2], cache, layer_ids=[0, 1, 2])
+    capsys.readouterr()
+    assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--depth", "2",
+                 "--no-progress"]) == 0
+    (said,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    # SpecForge's default for this 4-layer target is ids [1, 1, 0] (capture [2, 2, 1]); the eagle config's nested ids
+    # are [1, 2, 3], which SpecForge reads as outputs of layers
+    assert said.endswith("reads capture [1, 2, 3], not the assumed [2, 2, 1]; SpecForge trained with config.json "
+                         "captured [2, 3, 4] (its ids are outputs of layers); evaluating as if the cache held the "
+                         "draft's layers"), said
 
 
 def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path, capsys):
@@ -479,6 +505,23 @@ def test_a_head_of_other_shapes_than_the_config_says_is_refused(tmp_path):
         folder = _head_only(tmp_path / name, config, {**good, name: bad})
         with pytest.raises(EyasError, match=said):
             TargetRef.resolve(folder).head()
+
+
+def test_a_head_that_is_not_finite_is_refused_and_a_normed_cache_reads_no_norm(tmp_path):
+    """A nan in the final norm or lm_head gave a verdict of argmax 0 everywhere: eval exited 0 with acceptance 0
+    and blamed the stored answers. Refused naming the tensor; and a cache stored after the final norm is
+    judged by lm_head alone, so its norm is neither read nor needed."""
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
+              "hidden_size": 8, "vocab_size": 12, "num_attention_heads": 2, "tie_word_embeddings": False}
+    good = {"model.norm.weight": torch.ones(8), "lm_head.weight": torch.randn(12, 8)}
+    for name, value in (("model.norm.weight", float("nan")), ("lm_head.weight", float("inf"))):
+        bad = good[name].clone()
+        bad.view(-1)[3] = value
+        folder = _head_only(tmp_path / name, config, {**good, name: bad})
+        with pytest.raises(EyasError, match=f"{name} holds {int(value != value)} nan and {int(value == value)} inf"):
+            TargetRef.resolve(folder).head()
+    ref = TargetRef.resolve(tmp_path / "model.norm.weight")
+    assert ref.head(normed=True).norm is None and ref.read == ["lm_head.weight"]
 
 
 @pytest.mark.parametrize("family", ["gemma", "gemma2", "qwen3_next", "llama", "qwen3", "cohere", "cohere2"])

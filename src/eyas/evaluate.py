@@ -326,7 +326,8 @@ def evaluate(
     samples; it must read the same capture layers. The report's `against` holds its figures and
     `difference`, this draft's minus its, with 95% intervals from the same resampled samples.
     """
-    from eyas.data.caches import PRE_NORM, LongerThanContext, open_cache  # other trainers' readers: only for --data
+    # other trainers' readers: only for --data
+    from eyas.data.caches import NORMED, PRE_NORM, LongerThanContext, open_cache
 
     t0 = time.perf_counter()
     dtype = eval_dtype(dtype, device)
@@ -354,10 +355,9 @@ def evaluate(
             check_target(cache.data.manifest, info.path / MANIFEST, ref)
         check_cache_fits(info, ref.hidden_size, ref.name)
         _check_layers(info, tuple(layers), config)
-        _specforge_note(info, config)
         if temperature > 0:
             require_sampleable(info)
-        head = ref.head() if info.last_hidden else None
+        head = ref.head(normed=info.last_hidden == NORMED) if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         if given_data:  # prompts were held to --limit as they were read
             short_of_limit(cache, limit, info.path, unit="samples")
@@ -380,7 +380,8 @@ def evaluate(
     report["capture_layers"] = list(layers)
     report["data"] = {"format": info.format, "path": where, "layers": info.layers_note,
                       "layers_recorded": info.layers_recorded, "answers": info.answers_note,
-                      "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "answers_temperature": answers,
+                      "verdict": FROM_HEAD if head is not None else FROM_TOKENS, "last_hidden": info.last_hidden,
+                      "answers_temperature": answers,
                       "longer_than_context": len(longer.lengths)}
     longer.warn(where)
     report["cost"] = {"device": str(ref.device), "runs_on": runs_on(ref.device),
@@ -420,19 +421,6 @@ def _answers_temperature(cache) -> float | None:
     return float(generation.get("temperature", 1.0)) if generation.get("do_sample") else 0.0
 
 
-def _specforge_note(info: CacheInfo, config) -> None:
-    """SpecForge captures the layers its draft config names: say so when the draft folder's flat config
-    names other layers than the default eyas assumed (the seed's fault: ids written as capture indices,
-    which SpecForge and SGLang read as outputs of layers)."""
-    from eyas.data.caches.specforge import layers_for_draft
-
-    named = layers_for_draft(config.parent) if info.format == "specforge" and not info.layers_recorded else None
-    if named and info.capture_layers is not None and named[1] != tuple(info.capture_layers):
-        warnings.warn(f"SpecForge takes its layers from the draft config it trained with: with {named[0]} it "
-                      f"captured {list(named[1])} (its ids are outputs of layers), not the assumed "
-                      f"{list(info.capture_layers)}", stacklevel=2)
-
-
 def check_slots(info: CacheInfo, reads: int, config, layers: tuple[int, ...] | None = None) -> None:
     """A cache that stores another count of states per position than the draft `reads`, refused naming
     it (fc would refuse the features without saying where they came from)."""
@@ -457,11 +445,27 @@ def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
     if info.layers_recorded:
         return
     print(f"eyas: {info.format} cache {info.path}: {info.layers_note}", file=sys.stderr)
-    if info.capture_layers is not None and tuple(info.capture_layers) != layers:
-        warnings.warn(f"the draft ({config}) reads capture {list(layers)}, not the assumed "
-                      f"{list(info.capture_layers)}; evaluating as if the cache held the draft's layers", stacklevel=2)
+    trained = _as_trained(info, config, layers)
+    if info.capture_layers is not None and (tuple(info.capture_layers) != layers or trained):
+        assumed = "the assumed layers" if tuple(info.capture_layers) == layers \
+            else f"not the assumed {list(info.capture_layers)}"
+        warnings.warn(f"the draft ({config}) reads capture {list(layers)}, {assumed}{trained}; evaluating as if the "
+                      "cache held the draft's layers", stacklevel=2)
     print(f"eyas: to confirm the cache's layers, run: eyas doctor DRAFT --features {info.path} --target "
           "FULL_TARGET_FOLDER (matches the cache against the target's own states)", file=sys.stderr)
+
+
+def _as_trained(info: CacheInfo, config, layers: tuple[int, ...]) -> str:
+    """SpecForge captures the layers its draft config names (its ids are outputs of layers): where the draft's
+    folder names others than eyas assumed, the layers a cache made with that config holds, said in the one warning
+    (the seed's fault: ids written as capture indices, which SpecForge and SGLang read as outputs of layers)."""
+    from eyas.data.caches.specforge import layers_for_draft
+
+    named = layers_for_draft(config.parent) if info.format == "specforge" else None
+    if named is None or info.capture_layers is None or named[1] == tuple(info.capture_layers):
+        return ""
+    same = ", the draft's own" if named[1] == layers else ""
+    return f"; SpecForge trained with {named[0]} captured {list(named[1])}{same} (its ids are outputs of layers)"
 
 
 def plot_report(report: dict, path) -> None:

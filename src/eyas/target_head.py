@@ -90,10 +90,12 @@ class TargetHead:
     """
 
     lm_head: Tensor  # [V, H]
-    norm: TargetNorm
+    norm: TargetNorm | None  # None: read for states stored after the final norm, which need none
     logit_map: LogitMap = LogitMap()
 
     def normalize(self, h: Tensor) -> Tensor:
+        if self.norm is None:
+            raise ValueError("this head was read without its final norm (for states stored after it)")
         return self.norm(h)
 
 

@@ -33,6 +33,7 @@ from eyas.devices import parse_device
 from eyas.embedded import EMBEDDED_NAME, embedded_default_dir, is_default
 from eyas.errors import FormatError
 from eyas.formats.schema import detect_format
+from eyas.formats.validate import not_finite
 from eyas.logit_map import FAMILIES, LogitMap, logit_map
 from eyas.target_head import WEIGHTLESS_NORM, TargetHead, TargetNorm, refuse_head_bias
 from eyas.weights import UNREADABLE, find_weights, read_tensors, weight_bytes, weight_files
@@ -154,6 +155,11 @@ class TargetRef:
         stored = {hf: self._alive[(hf, None, None)] for hf in wanted - set(found) if (hf, None, None) in self._alive}
         missing = wanted - set(found) - set(stored)
         fresh = read_tensors(self.folder, missing) if missing else {}
+        for hf, t in sorted(fresh.items()):
+            bad = not_finite(hf, t) if t.is_floating_point() else None
+            if bad is not None:  # a judge on a nan norm or lm_head said acceptance 0 and blamed the answers
+                raise FormatError(f"{self.folder}: {bad['problem']}", "the target's weights are corrupt (or a "
+                                  "conversion overflowed): restore them from their source")
         self.read.extend(sorted(fresh))
         for hf, t in {**stored, **fresh}.items():
             self._alive[(hf, None, None)] = t
@@ -164,14 +170,17 @@ class TargetRef:
         """The target's input embeddings [V, H]: what a draft without its own embed_tokens uses."""
         return self.tensors(["embed_tokens.weight"], dtype=dtype, device=device)["embed_tokens.weight"]
 
-    def head(self, dtype: torch.dtype | None = None) -> TargetHead:
+    def head(self, dtype: torch.dtype | None = None, *, normed: bool = False) -> TargetHead:
         """The final norm and lm_head on this ref's device, lm_head in `dtype` (default: the ref's); either of
         another shape than config.json says is refused (a norm of the wrong width failed in the product, an
-        lm_head of fewer rows judged over fewer tokens, unsaid)."""
+        lm_head of fewer rows judged over fewer tokens, unsaid). `normed`: for states stored after the final
+        norm, which is then neither read nor returned (the verdict is lm_head's alone)."""
         refuse_head_bias(self._stored("lm_head.bias") is not None, f"--target {self.folder}")
         lm_head = self.tensors(["lm_head.weight"], dtype=dtype or self.dtype, device=self.device)["lm_head.weight"]
         H, V, types = self.hidden_size, self.vocab_size, self.model_types()
-        if types & WEIGHTLESS_NORM and self._stored(HF_NAMES["norm.weight"]) is None:  # OLMo's, nanochat's
+        if normed:
+            norm = bias = None
+        elif types & WEIGHTLESS_NORM and self._stored(HF_NAMES["norm.weight"]) is None:  # OLMo's, nanochat's
             norm = bias = None
         else:
             norm = self.tensors(["norm.weight"], device=self.device)["norm.weight"]
@@ -182,7 +191,7 @@ class TargetRef:
             if t is not None and list(t.shape) != want:
                 raise FormatError(f"{self.folder}: {self.on_disk(name)} is {list(t.shape)}, config.json says {want} "
                                   "(hidden_size, vocab_size)", "pass the config.json that came with these weights")
-        final = TargetNorm.unweighted(H, types, self.text_config, self.device) if norm is None \
+        final = None if normed else TargetNorm.unweighted(H, types, self.text_config, self.device) if norm is None \
             else TargetNorm.of(norm, types, self.text_config, bias)
         return TargetHead(lm_head, final, self.logit_map())
 

@@ -47,7 +47,7 @@ def _category(path: Path, line: int, record: dict, default: str) -> str:
     if value is None or value == "":
         return default
     if not isinstance(value, str):
-        raise FormatError(f"{path.name} line {line}: field 'category' is {json.dumps(value)[:40]}, expected text",
+        raise FormatError(f"{path} line {line}: field 'category' is {json.dumps(value)[:40]}, expected text",
                           "write the category as a string, or leave it out")
     return value
 

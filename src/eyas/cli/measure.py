@@ -61,6 +61,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 def format_eval(rep: dict[str, Any]) -> str:
     """The eval table: per-depth acceptance, chain tau by k, tree tau, coverage; then what the
     features were, what judged them, and what it cost."""
+    from eyas.data.caches import NORMED
     from eyas.verdict import describe
 
     lines = [f"{rep['drafter']} on {rep['target']} (capture layers {rep['capture_layers']}): "
@@ -93,7 +94,7 @@ def format_eval(rep: dict[str, Any]) -> str:
         if "against" in rep:
             lines.append(_format_sampled_difference(rep["against"]["sampled"]["difference"]))
     lines.append(f"data: {data['format']} features, {data['path']}; {data['layers']}")
-    lines.append(f"verdict: {describe(data['verdict'])}; answers: {data['answers']}")
+    lines.append(f"verdict: {describe(data['verdict'], data['last_hidden'] == NORMED)}; answers: {data['answers']}")
     rate = "-" if cost["positions_per_s"] is None else f"{cost['positions_per_s']:.0f}"
     lines.append(f"cost: {cost['seconds']:.1f} s on {cost['runs_on']} ({cost['dtype']}), {rate} positions/s measured; "
                  f"target tensors read: {', '.join(cost['target_tensors_read']) or 'none'}")

@@ -33,7 +33,16 @@ def _given(path: str | Path | None, flag: str, kind: str) -> Path | None:
     if str(path) == "":
         raise EyasError(f"{flag} is an empty path",
                         f"give {flag} a {kind} path" + (" ('.' for this one)" if kind == "folder" else ""))
+    _linked_to_nothing(Path(path), flag)
     return Path(path)
+
+
+def _linked_to_nothing(path: Path, flag: str) -> None:
+    """Refuse a link that names nothing or loops: writing through a dangling one made the missing folders
+    of wherever it pointed (/nonexistent/x), and a folder's rename replaced the link instead."""
+    if path.is_symlink() and not path.exists():
+        raise EyasError(f"{path} ({flag}) is a link to nothing (or to itself): {os.readlink(path)}",
+                        f"give {flag} the path itself, or remove the link")
 
 
 def output_folder(path: str | Path | None, flag: str) -> None:
@@ -108,6 +117,7 @@ def apart(out: str | Path | None, flag: str, inputs: dict[str, str | Path | None
     became a SpecForge sample): no output lands in one, the verb's input or not (`_in_a_cache`)."""
     if out is None:
         return
+    _linked_to_nothing(Path(out), flag)
     o = Path(out).resolve()
     for name, given in inputs.items():
         given = _on_disk(name, given, inputs.get("--target"))

@@ -321,7 +321,8 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--limit", type=int, metavar="N",
                    help=f"prompts, or a cache's samples, measured (default: {DOCTOR_LIMIT}; up to 4x as many where "
                    "positions and answers disagree)")
-    add_max_new_tokens(p, DOCTOR_MAX_NEW_TOKENS, "answer tokens per prompt, or per cache sample")
+    add_max_new_tokens(p, DOCTOR_MAX_NEW_TOKENS, "answer tokens per prompt, or per cache sample where the "
+                       "target's full weights run (with its head alone, a cache is measured whole, as eval does)")
     add_reading(p, progress=True)
 
     p = command("serve-check", cmd_serve_check, "serve the draft in a real engine (vLLM, CPU) and compare its "
@@ -357,7 +358,12 @@ class _Parser(argparse.ArgumentParser):
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         ns, extra = self.parse_known_args(args, namespace)
         if extra:
-            self.verbs.get(getattr(ns, "command", None), self).error(f"unrecognized arguments: {' '.join(extra)}")
+            verb = self.verbs.get(getattr(ns, "command", None), self)
+            # the verb's own flag left over was given before the verb (`eyas --json check`): say where it goes
+            early = [x for x in extra if x.split("=")[0] in verb._option_string_actions and verb is not self]
+            where = f" ({', '.join(early)}: a flag of `{verb.prog}`, given before the verb: put it after)" \
+                if early else ""
+            verb.error(f"unrecognized arguments: {' '.join(extra)}{where}")
         return ns
 
     def error(self, message: str) -> NoReturn:

@@ -6,8 +6,9 @@ wastes the wait and buries the one line that matters under a progress bar. So ea
 with `preflight.check(args)`: its numbers are range-checked, every file it will read is opened and
 read as the command will read it (prompt files in full, dumps in full, capture folders down to each
 shard's header), and every place it will write is checked writable, creating nothing. Each kind of
-input has one function here; `VERBS` says which ones a verb needs. Bad input raises EyasError, which
-the CLI prints as one `error:` and one `hint:` line (exit 2).
+input has one function, here or in eyas.cli.feature_inputs (captures, caches, dumps) and eyas.cli.outputs
+(every place written); `VERBS` says which ones a verb needs. Bad input raises EyasError, which the CLI
+prints as one `error:` and one `hint:` line (exit 2).
 
 What needs more than the flags and files (a prompt longer than the target's context: its tokenizer; a draft
 that does not fit the target: its config) is refused by the command itself, still before the weights load
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eyas.cli.feature_inputs import capture_folder, data_file, existing, features, format_without_data, \
+    training_capture
 from eyas.cli.output import warning_said, warnings_held
 from eyas.cli.outputs import apart, capture_out, draft_folder, output_file, output_folder, plot_format
 from eyas.errors import EyasError, FormatError
@@ -232,72 +235,6 @@ def bench_prompts(names: str | None) -> None:
                                           f"{', '.join(PROMPT_SETS)}") from None
 
 
-def existing(path: str | Path, flag: str) -> Path:
-    """An input path that must exist (an empty one is not the current folder, which Path("") names)."""
-    if not str(path).strip():
-        raise EyasError(f"{flag} is empty", f"give {flag} a path")
-    path = Path(path)
-    if not path.exists():
-        raise FormatError(f"{path} does not exist ({flag})", f"check the path given to {flag}")
-    return path
-
-
-def capture_folder(path: str | Path, flag: str, data_format: str | None = None) -> None:
-    """A feature folder: an eyas capture down to its shards' headers; another trainer's cache only exists here."""
-    from eyas.data.shards import MANIFEST, check_capture
-
-    path = existing(path, flag)
-    if data_format == "eyas" or data_format is None and (path / MANIFEST).is_file():
-        check_capture(path)
-
-
-def dump_file(path: str | Path, target: str | None, flag: str = "--features") -> None:
-    """An engine dump read in full, its ids and width held against --target's config (the default's: loaded)."""
-    from eyas.data.dumps import read_dump
-    from eyas.embedded import is_default
-    from eyas.target import TargetRef
-
-    vocab = hidden = None
-    if not is_default(target):
-        ref = TargetRef.resolve(target, weights=False)
-        vocab, hidden = ref.vocab_size, ref.hidden_size
-    read_dump(existing(path, flag), vocab_size=vocab, hidden_size=hidden)
-
-
-def data_file(path: str | Path, target: str | None, data_format: str | None) -> None:
-    """`eval --data FILE`: what the file is, from its name and header (a model's weights are refused naming a
-    few of its tensors), and an engine dump read in full, as the doctor's --features is: its NaN was found
-    after the draft loaded, under the progress bar."""
-    from eyas.data.caches import detect_format
-    from eyas.data.caches.native import DUMP
-
-    if (data_format or detect_format(path)) == DUMP:
-        dump_file(path, target, "--data")
-
-
-def features(args: argparse.Namespace) -> None:
-    """`eyas doctor --features`: an engine dump (a file) or a feature cache (a folder)."""
-    path, data_format = getattr(args, "features", None), getattr(args, "data_format", None)
-    if path is None:
-        _format_without_data(data_format, "--features")
-        return
-    if Path(path).is_dir():
-        capture_folder(path, "--features", data_format)
-    elif data_format in (None, "eyas-dump"):
-        dump_file(path, args.target)
-    else:  # a file is read as an engine dump: the format named would be ignored unsaid
-        existing(path, "--features")
-        raise EyasError(f"--data-format {data_format} reads a feature cache folder; --features {path} is a file",
-                        "leave --data-format out (or pass eyas-dump) for an engine dump, or pass the cache's folder")
-
-
-def _format_without_data(data_format: str | None, flag: str) -> None:
-    """--data-format names how to read a cache: without one to read, it would be ignored unsaid."""
-    if data_format is not None:
-        raise EyasError(f"--data-format {data_format} without {flag}: there is no cache to read",
-                        f"pass {flag} CACHE_FOLDER, or leave --data-format out")
-
-
 def verifier_name(name: str | None) -> None:
     """`convert` / `init --verifier-name`: an id engines can load (vLLM serves the draft's recorded verifier)."""
     if name is not None and not name.strip():
@@ -315,7 +252,7 @@ def train_run(args: argparse.Namespace) -> None:
     config = config_from_args(args)
     check_config(config, flags=True)
     for folder in data_folders(config):
-        capture_folder(folder, "--data")
+        training_capture(folder)
     init = None
     if config.init:
         from eyas.drafter_loading import resolve_drafter
@@ -398,7 +335,7 @@ def _eval(a: argparse.Namespace) -> None:
 
             require_sampleable(open_cache(a.data, format=getattr(a, "data_format", None)).info)
     else:
-        _format_without_data(getattr(a, "data_format", None), "--data")
+        format_without_data(getattr(a, "data_format", None), "--data")
         prompts(a.prompts, limit=a.limit)
     if a.against not in (None, "default"):
         existing(a.against, "--against")

@@ -240,7 +240,7 @@ def encode_prompts(
             continue
         if not skip_long:
             raise EyasError(
-                f"{p.origin}: {'it' if p.origin == 'the prompt' else 'the prompt'} is {len(row)} tokens with the "
+                f"{p.where}: {'it' if p.origin == 'the prompt' else 'the prompt'} is {len(row)} tokens with the "
                 "chat template; with "
                 f"max_new_tokens={max_new_tokens} it needs {len(row) + max_new_tokens} > {limit}, "
                 f"{set_by or f'the context of {target.name}'}",

@@ -57,6 +57,12 @@ class Prompt:
     # a later turn answered in context (eyas.data.sources). Empty for a first turn.
     history: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def where(self) -> str:
+        """`origin` naming the file as it was given, for errors (reports and manifests keep the file's name)."""
+        name = Path(self.source).name
+        return self.source + self.origin[len(name):] if self.origin.startswith(f"{name} ") else self.origin
+
     def messages(self) -> list[dict[str, str]]:
         """The message list the chat template is applied to: the history, then this user turn."""
         return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.text}]
@@ -202,18 +208,16 @@ def _prompts_from_records(records, name: str, source: str, *, strict: bool) -> I
     """(line, record) pairs -> prompts. strict: a record without a prompt is an error."""
     for line, record in records:
         text = _first_human_turn(record)
-        origin = f"{name} line {line}"
-        if isinstance(record, dict) and isinstance(record.get("id"), str):
-            origin += f" (id {record['id']})"
+        tag = f" (id {record['id']})" if isinstance(record, dict) and isinstance(record.get("id"), str) else ""
         bad = None if text is None else not_unicode(text)
         if text is not None and bad is None:
-            yield Prompt(text, origin, source)
-        elif strict and bad is not None:
-            raise FormatError(f"{origin}: {bad}", "a \\uD800-\\uDFFF escape must come in a high-low pair: fix the "
-                              "escape or remove this record")
+            yield Prompt(text, f"{name} line {line}{tag}", source)
+        elif strict and bad is not None:  # errors name the file as given (the prompt's `where`)
+            raise FormatError(f"{source} line {line}{tag}: {bad}", "a \\uD800-\\uDFFF escape must come in a high-low "
+                              "pair: fix the escape or remove this record")
         elif strict:
             raise FormatError(
-                f"{origin}: {_no_prompt(record)}",
+                f"{source} line {line}{tag}: {_no_prompt(record)}",
                 "each record needs `conversations` (or `messages`) with a non-empty human/user "
                 "turn, a `prompt` string, or `turns`; fix or remove this record",
             )
@@ -307,7 +311,7 @@ def json_records(path: Path, *, allow_truncated: bool) -> Iterator[tuple[int, An
             record = json.loads(line)
         except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
             raise FormatError(
-                f"{path.name} line {n}: not valid JSON ({_json_problem(e)})",
+                f"{path} line {n}: not valid JSON ({_json_problem(e)})",
                 "a .jsonl file holds one JSON record per line; a .json file holds one array",
             ) from None
         yield n, record
@@ -328,7 +332,7 @@ def _nothing_after(path: Path, line: int, rest: str, chunks: Iterator[str]) -> N
     there is as much an error as anywhere)."""
     for text in itertools.chain([rest], chunks):
         if text.strip():
-            raise FormatError(f"{path.name} line {line}: text after the JSON array's closing ]",
+            raise FormatError(f"{path} line {line}: text after the JSON array's closing ]",
                               "a .json file holds one array of records: remove what follows it")
 
 
@@ -353,7 +357,7 @@ def _json_array_items(path: Path, *, allow_truncated: bool, chunk_chars: int = 1
             what = "ends before the closing ]" if started else "is not a JSON array"
             if started and allow_truncated:
                 return
-            raise FormatError(f"{path.name} line {line}: the JSON {what}", "check the file is complete")
+            raise FormatError(f"{path} line {line}: the JSON {what}", "check the file is complete")
         if not started or buf[pos] == ",":
             started, pos = True, pos + 1
             continue
@@ -372,7 +376,7 @@ def _json_array_items(path: Path, *, allow_truncated: bool, chunk_chars: int = 1
             if allow_truncated and isinstance(e, json.JSONDecodeError):
                 return
             raise FormatError(
-                f"{path.name} line {line}: incomplete or invalid JSON record ({_json_problem(e)})",
+                f"{path} line {line}: incomplete or invalid JSON record ({_json_problem(e)})",
                 "the file may be truncated; cut it after the last complete record and close the ]",
             ) from None
         if end - pos > textfile.MAX_LINE_CHARS:

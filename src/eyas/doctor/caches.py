@@ -152,12 +152,12 @@ def measure_on_cache(drafter: Path, cache: FeatureCache, ref: TargetRef, layer_c
                      limit: int) -> dict[str, Any]:
     """The draft's acceptance on the cache as stored (no alternative wirings: those need the target's
     states at every layer), judged by the target's final norm and lm_head when the cache has the last state."""
-    from eyas.data.caches import PRE_NORM, LongerThanContext
+    from eyas.data.caches import NORMED, PRE_NORM, LongerThanContext
 
     dtype = eval_dtype("auto", ref.device)  # `eyas eval --data`'s measurement, in its default dtype for this machine
     model, config = load_drafter_and_config(drafter, target=ref, layer_convention=layer_convention, dtype=dtype)
     check_slots(cache.info, model.contract.num_aux_layers, config, model.contract.capture_layers)
-    head = ref.head(dtype) if cache.info.last_hidden else None
+    head = ref.head(dtype, normed=cache.info.last_hidden == NORMED) if cache.info.last_hidden else None
     longer = LongerThanContext(ref.text_config.get("max_position_embeddings"))  # measured whole, as eval does
     samples = judged(longer.passing(itertools.islice(cache, limit)), head, normed=cache.info.last_hidden != PRE_NORM,
                      device=ref.device, vocab_size=ref.vocab_size, where=cache.info.path)
@@ -168,4 +168,4 @@ def measure_on_cache(drafter: Path, cache: FeatureCache, ref: TargetRef, layer_c
     return {"samples": min(limit, len(cache)), "positions": rep["tokens"], "longer_than_context": len(longer.lengths),
             "acceptance_by_depth": rep["acceptance_by_depth"], "tau_chain": rep["tau_chain"],
             "coverage": rep["coverage"], "verdict": verdict,
-            "verdict_text": describe(verdict)}
+            "verdict_text": describe(verdict, cache.info.last_hidden == NORMED)}

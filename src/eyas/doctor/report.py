@@ -57,7 +57,7 @@ def _on_cache(cache: dict[str, Any], m: dict[str, Any]) -> list[str]:
     """The draft measured on a feature cache as stored (no target states to try other wirings on)."""
     acc = " / ".join(_num(a) for a in m["acceptance_by_depth"])
     return ["", f"measured on the {cache['format']} cache as stored ({m['positions']} positions of {m['samples']} "
-            f"samples; {m['verdict_text']}):",
+            f"whole samples; {m['verdict_text']}):",
             f"  acceptance by depth {acc}; chain tau(5) {_num(m['tau_chain'].get('5'), '.2f')}; draft-vocab coverage "
             f"{_num(m['coverage'])}"]
 

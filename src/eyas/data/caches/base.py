@@ -149,6 +149,7 @@ def make_sample(info: CacheInfo, where: Path | str, ids: Tensor, mask: Tensor, f
     key. `ids` must already be 1-D integers; the rest is checked here.
     """
     fmt, T = info.format, ids.shape[0]
+    _ids_length(where, ids, dict(zip(keys[1:], (mask, features, last))), keys[0], fmt)
     sample = {
         "input_ids": ids,
         "loss_mask": as_mask(mask, T, keys[1], where, fmt),
@@ -161,6 +162,23 @@ def make_sample(info: CacheInfo, where: Path | str, ids: Tensor, mask: Tensor, f
                   ids=(keys[0],), vocab_size=info.vocab_size,
                   hint=hint_for(fmt))  # NaN/Inf, ids outside the target's vocab, named by the file and its own key
     return sample
+
+
+def _ids_length(where: Path | str, ids: Tensor, others: dict[str, Any], key: str, fmt: str) -> None:
+    """The ids are the odd one out when every other stored tensor agrees on another length: name them
+    (each tensor is checked against the ids' length, so the first of the others was blamed)."""
+    rows = {k: _positions(v) for k, v in others.items() if _positions(v) is not None}
+    lengths = set(rows.values())
+    if len(rows) >= 2 and len(lengths) == 1 and ids.shape[0] not in lengths:
+        raise FormatError(f"{where}: {key} holds {ids.shape[0]} tokens, {' and '.join(rows)} hold "
+                          f"{lengths.pop()} positions", hint_for(fmt))
+
+
+def _positions(value: Any) -> int | None:
+    """The positions a stored [T], [T, W] or [1, T, W] tensor holds; None for anything else."""
+    if not isinstance(value, Tensor) or value.ndim not in (1, 2, 3) or value.ndim == 3 and value.shape[0] != 1:
+        return None
+    return int(value.shape[-2] if value.ndim == 3 else value.shape[0])
 
 
 def strip_right_padding(sample: dict[str, Tensor], pad_id: int = 0) -> dict[str, Tensor]:
