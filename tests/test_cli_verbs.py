@@ -196,7 +196,7 @@ def test_doctor_exit_code_follows_the_verdict(target, draft, prompts, capsys):
     code, out, err = run(capsys, "doctor", draft, "--target", target, "--prompts", prompts, "--limit", "2",
                          "--max-new-tokens", "4", "--no-progress", "--json")
     rep = json.loads(out)
-    assert code == (0 if rep["verdict"] == "ok" else 1), err
+    assert code == (1 if rep["verdict"] == "faulty" else 0), err
     assert rep["drafter"] == str(draft) and rep["contract"]["capture_layers"] == [1, 2, 3]
     assert "stderr_warnings" not in rep  # 5 prompts under the default --limit 8: nothing was asked of them
     rep = run_json(capsys, "doctor", draft, "--target", target, "--prompts", prompts, "--limit", "99",

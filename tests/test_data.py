@@ -129,6 +129,7 @@ def test_read_json_array_with_line_numbers(tmp_path):
         ("parts.jsonl", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}\n',
          "parts.jsonl line 1: the first human/user turn of `messages` is list, not text"),
         ("empty.jsonl", '{"prompt": "   "}\n', "empty.jsonl line 1: `prompt` is blank"),
+        ("unseen.jsonl", '{"prompt": "\\u200b\\u2060 "}\n', "unseen.jsonl line 1: `prompt` is blank"),  # zero-width
         ("number.jsonl", '{"prompt": 42}\n', "number.jsonl line 1: `prompt` is int, not text"),
         ("cut.json", '[\n {"prompt": "a"},\n {"prompt": "b"},\n {"prompt": "c', "cut.json line 4: incomplete"),
         ("open.json", '[\n {"prompt": "a"},\n', "cut.json" and "open.json line 3: the JSON ends before"),
@@ -495,6 +496,9 @@ def test_resume_keeps_finished_shards_and_continues(tmp_path, target, monkeypatc
     m = run_capture(target, out)
     assert calls == [0, 1, 1, 2] and m["complete"] and m["num_samples"] == 5
     assert (out / "shard_00000.safetensors").stat().st_mtime_ns == first
+    written = (out / "manifest.json").stat().st_mtime_ns  # run again as it finished: nothing is rewritten
+    assert run_capture(target, out) == m and calls == [0, 1, 1, 2]
+    assert (out / "manifest.json").stat().st_mtime_ns == written
 
     calls.clear()
     (out / "shard_00001.safetensors").unlink()  # a shard finished but lost: recomputed, the rest kept

@@ -208,7 +208,7 @@ def test_a_lone_surrogate_is_refused_naming_the_line_and_skipped_in_a_corpus(mad
     assert "surrogate.jsonl line 2: character 1 ('\\ud800') is a lone surrogate" in error_line(capsys)
     assert main(["generate", "--prompt", "caf\udce9", "--target", str(target), str(draft)]) == 2
     assert error_line(capsys).startswith("error: --prompt: character 4")
-    for blank in ("", " \n"):  # as a blank record in a prompt file
+    for blank in ("", " \n", "\u200b"):  # as a blank record in a prompt file (a zero-width space was answered)
         assert main(["generate", "--prompt", blank, "--target", str(target), str(draft)]) == 2
         assert error_line(capsys) == "error: --prompt is empty"
     records = [(1, {"prompt": "fine"}), (2, {"prompt": "\ud800"})]

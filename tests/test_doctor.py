@@ -47,7 +47,8 @@ from eyas.doctor import (
 )
 from eyas.doctor.capture import capture_tokens
 from eyas.doctor.hypotheses import layer_moves
-from eyas.doctor.stats import MIN_GAIN_LOGPROB, detectable, held_back, loses_acceptance, signed_rank
+from eyas.doctor.stats import (MIN_GAIN_LOGPROB, decidable, detectable, held_back, loses_acceptance, signed_rank,
+                               smallest_p)
 from eyas.errors import FormatError
 from eyas.formats import IDS, read_checkpoint, sglang_layer_ids
 from eyas.machine import runs_on
@@ -452,12 +453,35 @@ def test_detectable_effect_shrinks_with_positions():
     assert detectable([0.3], positions=400, tests=400) > one and detectable([], 400, 40) is None
 
 
+def test_too_few_positions_name_no_fault_and_promise_none():
+    """On 15 positions every wiring of a 46-test round fails Bonferroni however large its gain (smallest p 3.6e-4):
+    the doctor said ok and that 0.685 nats would have been found, beside a 4.8-nat norm flag."""
+    assert smallest_p(15) == pytest.approx(3.6e-4, rel=0.05) and signed_rank(torch.arange(1.0, 16.0)) == smallest_p(15)
+    assert not decidable(15, 46) and decidable(17, 46) and decidable(15, 10)
+    assert detectable([0.3], positions=15, tests=46) is None and detectable([0.3], positions=17, tests=46) > 0
+
+
 # --- the healthy draft and the injected faults ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def healthy_report(healthy, states):
     return diagnose(healthy, capture=states, progress=False)
+
+
+def test_too_few_positions_are_grown_then_said_inconclusive(healthy, target_dir, tmp_path):
+    """A capture too short for any wiring to pass its round's Bonferroni answers more prompts (twice the answers,
+    at most twice), and where that is still too few the verdict is inconclusive, not ok (exit 0: nothing found)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(_prompt_texts(2, seed=7)) + "\n")
+    cap = collect(Target.load(target_dir), prompts, limit=1, max_new_tokens=3, progress=False)
+    rep = diagnose(healthy, capture=cap, progress=False)
+    assert rep["measured"]["data"].startswith("2 prompts") and not rep["measured"]["decidable"]
+    assert any(n.startswith(f"{cap.positions} positions are too few") and "answered 1 more prompts" in n
+               for n in rep["notes"]), rep["notes"]
+    assert rep["verdict"] == "inconclusive" and rep["inconclusive"].endswith("or more can be)"), rep["inconclusive"]
+    assert rep["measured"]["detectable_logprob"] is None and not any("would have been found" in n for n in rep["notes"])
+    assert format_report(rep).splitlines()[0].endswith(f"INCONCLUSIVE: {rep['inconclusive']}")
 
 
 def test_a_capture_of_answers_extends_with_the_next_prompts(target_dir, tmp_path):

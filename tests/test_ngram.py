@@ -118,11 +118,16 @@ def test_sampling_with_ngrams_is_lossless(small, case):
 
 
 def test_sampled_chains_take_no_branch(small):
-    """A sampled chain is accepted through its draft distribution q: the n-gram branch stays out."""
+    """A sampled chain is accepted through its draft distribution q: the n-gram branch stays out, and the stats
+    and generate's report say so (they reported a branch of 4 and 4 depths, 2 of them never tried)."""
+    from eyas.decode.loop import branch_tokens
+
     drafter = random_drafter(small, small_contract(), seed=2)
     _, stats = generate(small, drafter, torch.tensor([[1, 2, 1, 2, 1, 2]]), max_new_tokens=10, draft_tokens=2,
                         ngram_tokens=4, temperature=1.0, seed=0)
-    assert stats["ngram_accepted"] == 0
+    assert stats["ngram_accepted"] == 0 and len(stats["acceptance_by_depth"]) == 2
+    assert branch_tokens(4, drafter, None, 1.0) == 0 and branch_tokens(4, drafter, (2, 2, 3), 1.0) == 4
+    assert branch_tokens(4, drafter, None, 0.0) == 4 and branch_tokens(4, None, None, 1.0) == 4
 
 
 @pytest.mark.slow

@@ -587,7 +587,16 @@ def test_resuming_a_capture_under_other_settings_is_refused_before_the_target_lo
     other = write(world["root"] / "other-prompts.txt", b"why is the sky blue\nhello world\n")  # other prompts,
     line = refused(capsys, ["capture", "--target", world["target"], "--prompts", other, "--out", a_capture,  # the same
                             "--capture-layers", "1,2,4", "--max-new-tokens", "4", "--dtype", "fp32"],  # flags: said
-                   f"{a_capture}/manifest.json describes a different capture (prompts: ")  # once read, not loaded
+                   f"{a_capture}/manifest.json describes a different capture (prompts.")  # once read, not loaded
+    assert "prompts.count: 5 there, 2 now" in line and "eval_only" not in line  # the parts that differ, not all
+    same = ["capture", "--target", world["target"], "--prompts", world["prompts"], "--out", a_capture,
+            "--capture-layers", "1,2,4", "--max-new-tokens", "4", "--dtype", "fp32"]
+    # sampled answers and a larger shard were refused only after the target loaded, naming internal fields
+    line = refused(capsys, [*same, "--temperature", "0.8", "--batch-size", "128"], "describes a different capture")
+    for said in ("shard_size (--batch-size): 64 there, 128 now", "generation.do_sample: false there, true now",
+                 "generation.temperature: 0.0 there, 0.8 now"):
+        assert said in line, line
+    assert "top_k" not in line  # greedy records two settings: three nulls more said nothing
     assert (a_capture / "manifest.json").read_bytes() == before
 
 

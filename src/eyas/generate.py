@@ -19,6 +19,7 @@ import torch
 
 from eyas.data import Prompt, encode_prompts, eos_ids
 from eyas.decode import DEFAULT_DRAFT_TOKENS, generate
+from eyas.decode.loop import branch_tokens
 from eyas.draft_shape import decode_shape, needs_sweep, parse_tree, read_best_shape, shape_label
 from eyas.drafter import Drafter
 from eyas.drafter_loading import load_drafter
@@ -217,7 +218,8 @@ def run_generate(
         "dtype_source": dtype_source,
         "shape": shape or None,
         "shape_source": source,
-        "ngram_tokens": 0 if alone else shape.get("ngram_tokens", ngram_tokens),
+        "ngram_tokens": branch_tokens(0 if alone else shape.get("ngram_tokens", ngram_tokens), None if alone else draft,
+                                      shape.get("tree"), temperature),
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
         "runs_on": runs_on(target_model.device),
         "stats": stats,
@@ -227,7 +229,9 @@ def run_generate(
 def format_generate(result: dict) -> str:
     """The end-of-generation summary line(s) for stderr."""
     s = result["stats"]
-    shape = (shape_label(result["shape"]) + f" ({result['shape_source']})" if result["shape"]
+    # the branch decoding used, given shapes included (a given chain's label hid the branch its depths counted)
+    used = {**result["shape"], "ngram_tokens": result["ngram_tokens"]} if result["shape"] else None
+    shape = (shape_label(used) + f" ({result['shape_source']})" if used
              else "target alone" + (f" ({result['shape_source']})" if result["shape_source"] == TARGET_ALONE else ""))
     acc = " ".join("-" if a is None else f"{a:.2f}" for a in s["acceptance_by_depth"]) or "-"
     tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"

@@ -21,4 +21,4 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                       layer_convention=args.layer_convention,
                       limit=args.limit, max_new_tokens=args.max_new_tokens, progress=args.progress)
     print_report(report, args.json, format_report)
-    return 0 if report["verdict"] == "ok" else 1
+    return 1 if report["verdict"] == "faulty" else 0  # inconclusive: nothing found, and the report says why

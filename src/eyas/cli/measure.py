@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from eyas.cli import preflight
@@ -26,6 +27,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from eyas.contract import default_capture_layers
     from eyas.data import capture, prompts_fit, read_prompts, short_of_limit
     from eyas.data.capturing import same_prompts
+    from eyas.data.shards import MANIFEST, read_manifest
     from eyas.dtypes import to_dtype
     from eyas.target import Target
 
@@ -39,6 +41,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     dtype = to_dtype(args.dtype)
     prompts_fit(target_spec, prompts, args.max_new_tokens, max_length=args.max_length, skip_long=args.skip_long)
     same_prompts(args.out, prompts)  # resuming with other prompts: said before the weights load
+    finished = (Path(args.out) / MANIFEST).is_file() and read_manifest(Path(args.out))["complete"]
     # loaded onto --device, not moved there after: refused when too large for it, spread over GPUs
     target = Target.load(target_spec, dtype=dtype, device=args.device)
     layers = capture_layers_of(args.capture_layers) or default_capture_layers(target.num_layers)
@@ -50,7 +53,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if args.json:
         print_json(manifest)
     else:
-        print(f"wrote {args.out}: {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
+        said = f"{args.out} was complete already, nothing captured" if finished else f"wrote {args.out}"
+        print(f"{said}: {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
               f"({manifest['num_loss_tokens']} answer tokens), {len(manifest['skipped_prompts'])} prompts skipped")
     return 0
 
@@ -183,7 +187,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def format_train(summary: dict[str, Any]) -> str:
     """What a finished run made, for people; `--json` prints the summary itself."""
     loss = "-" if summary["loss"] is None else f"{summary['loss']:.4f}"
-    lines = [f"trained {summary['steps']} steps ({summary['epochs_run']:g} of {summary['epochs']} epochs, "
+    steps = f"{summary['steps']} step{'s' * (summary['steps'] != 1)}"
+    lines = [f"trained {steps} ({summary['epochs_run']:g} of {summary['epochs']} epochs, "
              f"{summary['world_size']} process(es)) "
              f"on {summary['train_samples']} samples, {summary['heldout_samples']} held out: loss {loss}, "
              f"capture layers {summary['capture_layers']}, draft vocab {summary['draft_vocab_size']} "

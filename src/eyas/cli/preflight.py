@@ -298,8 +298,8 @@ def resumed_capture(a: argparse.Namespace) -> None:
     template, the context, the weights' digest) once it has."""
     from eyas.cli.inputs import capture_layers_of
     from eyas.contract import default_capture_layers
-    from eyas.data.capturing import plan_head
-    from eyas.data.shards import MANIFEST, read_manifest, same_plan
+    from eyas.data.capturing import plan_head, shard_size_for
+    from eyas.data.shards import MANIFEST, generation_settings, read_manifest, same_plan
     from eyas.dtypes import to_dtype
 
     path = Path(a.out) / MANIFEST
@@ -310,9 +310,14 @@ def resumed_capture(a: argparse.Namespace) -> None:
     layers = capture_layers_of(a.capture_layers) or default_capture_layers(ref.num_layers)
     plan = plan_head(ref, layers, to_dtype(a.dtype))
     # not max_length: the capture records the context transformers' config reads, which may be its class default
-    answers = {"max_new_tokens": a.max_new_tokens, "skip_long": a.skip_long}
-    same_plan({**old, **{f"generation.{k}": (old.get("generation") or {}).get(k) for k in answers}},
-              {**plan, **{f"generation.{k}": v for k, v in answers.items()}}, path)
+    answers = {"max_new_tokens": a.max_new_tokens, "skip_long": a.skip_long,
+               **generation_settings(a.temperature > 0, a.temperature, a.top_p, 0, a.seed)}
+    then = old.get("generation") or {}
+    # greedy records do_sample and temperature alone: those two say greedy against sampled, not three nulls more
+    keys = [k for k in answers if k in then or k in ("max_new_tokens", "skip_long")]
+    shards = "shard_size (--batch-size)"
+    same_plan({**old, shards: old.get("shard_size"), **{f"generation.{k}": then.get(k) for k in keys}},
+              {**plan, shards: shard_size_for(a.batch_size), **{f"generation.{k}": answers[k] for k in keys}}, path)
 
 
 def _eval(a: argparse.Namespace) -> None:
@@ -361,9 +366,9 @@ def _decoding(a: argparse.Namespace) -> None:
 
 
 def _generate(a: argparse.Namespace) -> None:
-    from eyas.data.prompts import not_unicode
+    from eyas.data.prompts import blank, not_unicode
 
-    if not a.prompt.strip():  # as a prompt file's blank record is refused: an answer to nothing measures nothing
+    if blank(a.prompt):  # as a prompt file's blank record is refused: an answer to nothing measures nothing
         raise EyasError("--prompt is empty", "pass the user turn to answer, e.g. --prompt 'Explain KV caches'")
     bad = not_unicode(a.prompt)  # bytes that are not UTF-8 reach argv as lone surrogates
     if bad is not None:

@@ -48,6 +48,8 @@ from eyas.interrupt import Guard, on_signals
 if TYPE_CHECKING:
     from eyas.target import Chat, Target, TargetRef
 
+SHARD_SIZE = 64  # prompts per shard (at least one batch): what an interrupted capture redoes at most
+
 
 def capture(
     target: Target,
@@ -57,7 +59,7 @@ def capture(
     *,
     max_new_tokens: int = 256,
     batch_size: int = 8,
-    shard_size: int = 64,
+    shard_size: int = SHARD_SIZE,
     dtype: torch.dtype | str = torch.bfloat16,
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -111,7 +113,7 @@ def capture(
         raise ContractError(problems[0]["problem"], f"pass --capture-layers a,b,c with 0 <= a < b < c <= "
                             f"{target.num_layers} (index k is the input of layer k of {target.name})")
     dtype = _feature_dtype(dtype)
-    shard_size = max(shard_size, batch_size)
+    shard_size = shard_size_for(batch_size, shard_size)
     if device is not None:
         target.model.to(device)
     limit, prompt_ids, skipped = encode_fitting(target, prompts, max_new_tokens, max_length, skip_long)
@@ -128,6 +130,8 @@ def capture(
         if path.exists() and shard_problem(path, manifest) is None:
             shards[k] = shard_entry(path)
             todo.remove(k)
+    if not todo and manifest["complete"]:  # run again as it was: nothing to capture, nothing to rewrite
+        return manifest
     done = sum(e["prompts"][1] - e["prompts"][0] for e in shards.values())
     bar = tqdm(total=len(prompts), initial=done, unit="prompt", desc="capture", file=sys.stderr, disable=not progress)
     sampling = plan["generation"]
@@ -271,6 +275,11 @@ def same_prompts(out_dir: str | Path, prompts: list[Prompt]) -> None:
     loads (the whole plan is compared again once it has)."""
     if (Path(out_dir) / MANIFEST).is_file():
         same_plan(read_manifest(Path(out_dir)), {"prompts": prompts_plan(prompts)}, Path(out_dir) / MANIFEST)
+
+
+def shard_size_for(batch_size: int, shard_size: int = SHARD_SIZE) -> int:
+    """Prompts per shard, as the manifest records them: at least one whole batch."""
+    return max(shard_size, batch_size)
 
 
 def _plan(target: Target, prompts: list[Prompt], layers: list[int], dtype: torch.dtype, shard_size: int,

@@ -15,6 +15,7 @@ import importlib.resources
 import itertools
 import json
 import re
+import unicodedata
 import warnings
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
@@ -156,7 +157,7 @@ def _read_prompt_file(path: Path, limit: int | None) -> list[Prompt]:
     if path.suffix.lower() in (".json", ".jsonl"):
         records = json_records(path, allow_truncated=False)
         return _take(_prompts_from_records(records, path.name, str(path), strict=True), limit)
-    found = (Prompt(text, f"{path.name} line {n}", str(path)) for n, text in text_lines(path) if text.strip())
+    found = (Prompt(text, f"{path.name} line {n}", str(path)) for n, text in text_lines(path) if not blank(text))
     return _take(found, limit)
 
 
@@ -291,7 +292,13 @@ def _first_human_turn(record: Any) -> str | None:
         turns = record.get(_TURNS_KEYS[0], record.get(_TURNS_KEYS[1]))
         human = _first_human(turns) if isinstance(turns, list) else None
         text = None if human is None else _content(human)
-    return text if isinstance(text, str) and text.strip() else None
+    return text if isinstance(text, str) and not blank(text) else None
+
+
+def blank(text: str) -> bool:
+    """Nothing a reader sees: whitespace and invisible format characters only (a zero-width space, a joiner, a
+    BOM), which str.strip() keeps: a prompt of one U+200B was answered."""
+    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
 
 
 def json_records(path: Path, *, allow_truncated: bool) -> Iterator[tuple[int, Any]]:

@@ -106,11 +106,19 @@ def start_manifest(out_dir: Path, plan: dict, skipped: list, norm_digest: str | 
 def same_plan(old: dict, plan: dict, path: Path) -> None:
     """Refuse resuming the capture `old` (its manifest at `path`) under another plan, naming every key of
     `plan` that differs (a part of a plan: capture's preflight compares what it knows before loading)."""
-    differ = [key for key in plan if old.get(key) != plan[key]]
-    if differ:
-        changes = "; ".join(f"{key}: {_short(old.get(key))} there, {_short(plan[key])} now" for key in differ)
+    changes = "; ".join(d for key in plan for d in _differences(key, old.get(key), plan[key]))
+    if changes:
         raise ContractError(f"{path} describes a different capture ({changes})",
                             "rerun with the same arguments to resume, or capture into a new folder")
+
+
+def _differences(key: str, then: Any, now: Any) -> list[str]:
+    """`key: then there, now now` for each part that differs; an object by its keys that differ (a prompts
+    count, not both whole objects and their digests), a target by its name."""
+    if isinstance(then, dict) and isinstance(now, dict) and "name" not in now:
+        keys = sorted(then.keys() | now.keys())
+        return [d for k in keys for d in _differences(f"{key}.{k}", then.get(k), now.get(k))]
+    return [] if then == now else [f"{key}: {_short(then)} there, {_short(now)} now"]
 
 
 def forget_capture(out_dir: Path, made: list[Path]) -> None:

@@ -108,6 +108,13 @@ def _check_request(target: Target, prompt_len: int, max_new_tokens: int, tempera
         )
 
 
+def branch_tokens(ngram_tokens: int, drafter: Drafter | None, tree: Sequence[int] | None, temperature: float) -> int:
+    """The n-gram branch's cap as decoding uses it: none beside a sampled chain, whose acceptance rule reads
+    the draft's distribution, which copied tokens have none of (a sampled chain reported a branch of 8 and 8
+    depths, 4 of them never tried)."""
+    return 0 if drafter is not None and tree is None and temperature > 0 else ngram_tokens
+
+
 def _verified_nodes(max_draft: int, tree_shape: tuple[int, int, int] | None, ngram_tokens: int) -> int:
     """The most nodes one verify forward can hold: the root, the draft's nodes, an n-gram branch."""
     return 1 + (tree_shape[2] if tree_shape else max_draft) + ngram_tokens
@@ -171,6 +178,7 @@ def generate(
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     s = Sampling(temperature, top_p, top_k, generator)
+    ngram_tokens = branch_tokens(ngram_tokens, drafter, tree_shape, temperature)
     out = _Output(max_new_tokens, {int(x) for x in stop_ids}, on_tokens)
     stats = DecodeStats(max(max_draft, ngram_tokens))
     with nullcontext() if drafter is None else packed_linears(drafter):
@@ -204,7 +212,7 @@ def generate(
                 draft = root_only(token, device)
             first_copied = len(draft.parents)  # nodes from here on were proposed by the n-gram branch only
             branch = []
-            if context is not None and draft.q is None and room > 1:
+            if context is not None and room > 1:
                 branch = context.propose(min(length.now, room - 1))
                 draft, _ = add_branch(draft, branch)
             synchronize(device)

@@ -7,6 +7,7 @@ one, an engine dump. Findings are ranked by the gain they promise; static ones c
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ from eyas.doctor.search import search
 from eyas.doctor.serving import serving, serving_wirings
 from eyas.doctor.static import fc_skipped, hazards, join_problems, other_problems
 from eyas.doctor.stats import (ACCEPTANCE_ALPHA, ALPHA, ANSWERS_ALPHA, DEPTH, MIN_ANSWERS, MIN_DROP_KL,
-                               MIN_GAIN_LOGPROB, MIN_USABLE, POWER, detectable, p_value, rounded)
+                               MIN_GAIN_LOGPROB, MIN_USABLE, POWER, decidable, detectable, p_value, rounded,
+                               smallest_p)
 from eyas.doctor.wiring import Wiring, contract_wiring
 from eyas.formats import Checkpoint
 from eyas.machine import runs_on
@@ -85,6 +87,7 @@ def _measure(m: Measurer, rep: CheckReport, cons: dict[str, dict[str, Any]], pat
         "trained_for": {"wiring": final.describe(), **m.measure(final).summary()},
         "hypotheses": table, "config_files": file_table, "serving": serve_table, "test": _TEST,
         "detectable_logprob": _detectable(table, m.cap.positions),
+        "decidable": decidable(m.cap.positions, _tests(table)),
     }
     return file_findings + found + serve_findings, final, section
 
@@ -111,15 +114,23 @@ def _settled(cap: Capture, rep: CheckReport, cons: dict[str, dict[str, Any]], pa
         rows = section["hypotheses"]
         last = max((r["round"] for r in rows), default=0)
         doubtful = [r for r in rows if r["held_back"] and r["round"] == last]
-        more = cap.extended(progress) if doubtful and grown < GROW else None
+        thin = not section["decidable"]
+        more = cap.extended(progress) if (doubtful or thin) and grown < GROW else None
         if more is None:
             break
         added = len(more.samples) - len(cap.samples)
-        notes.append(f"{_doubt(doubtful[0])}: {more.feed.more(added)} to settle it")
+        why = _doubt(doubtful[0]) if doubtful else _too_few(cap.positions, _tests(rows))
+        notes.append(f"{why}: {more.feed.more(added)} to settle it")
         cap = more
     notes += [f"{_doubt(r)}: not named a fault; other {cap.unit}, or more (--limit), would settle it"
               for r in doubtful]
     return m, cap, found, final, section
+
+
+def _too_few(positions: int, tests: int) -> str:
+    need = next(n for n in itertools.count(positions + 1) if decidable(n, tests))
+    return (f"{positions} positions are too few for any of {tests} wirings to be named a fault (the test's smallest "
+            f"p there, {smallest_p(positions):.1e}, times {tests} is not below {ALPHA}; {need} or more can be)")
 
 
 def _states(capture: Capture | None, ref: TargetRef, prompts: str | Path | None, feed: CacheFeed | None,
@@ -169,6 +180,11 @@ def _detectable(table: list[dict[str, Any]], positions: int) -> float | None:
     first = [r for r in table if r["round"] == 1 and not r.get("error")]
     sds = [r["sd_logprob"] for r in first if r["sd_logprob"] is not None]
     return rounded(detectable(sds, positions, first[0]["tests"])) if first else None
+
+
+def _tests(table: list[dict[str, Any]]) -> int:
+    """How many wirings round 1 tested (its Bonferroni count)."""
+    return max((r["tests"] for r in table if r["round"] == 1), default=0)
 
 
 def _untrained(section: dict[str, Any]) -> str | None:
@@ -222,6 +238,7 @@ def _skeleton(path: Path, tgt_dir: Path, rep: CheckReport, cons: dict[str, dict[
         "hazards": [], "consumers": {n: {"reads": r["reads"], "loads": r["loads"], "notes": r["notes"]}
                                      for n, r in cons.items()},
         "measured": None, "dump": None, "cache": None, "cache_measured": None, "notes": notes, "seconds": {},
+        "inconclusive": None,
     }
 
 
@@ -258,9 +275,10 @@ def diagnose(
     measured on the cache as stored (`cache_measured`). The target runs on `device` (default cpu).
     `capture` (from `collect`) reuses recorded states across calls (its target is used; `target` and
     `prompts` are then ignored, and so are its states where `features` is a cache). Returns the JSON
-    report: `verdict` ("ok" | "faulty"), `findings` (most likely first: {fault, title, evidence, fix,
-    codes, acceptance_before, acceptance_after, tau_before, tau_after, source, ...}), `trained_for`,
-    `static`, `hazards`, `consumers`, `measured`, `dump`, `notes`, `seconds`.
+    report: `verdict` ("ok" | "faulty" | "inconclusive": nothing found where nothing could have been, or the
+    draft accepts nothing under any wiring; `inconclusive` says which), `findings` (most likely first: {fault,
+    title, evidence, fix, codes, acceptance_before, acceptance_after, tau_before, tau_after, source, ...}),
+    `trained_for`, `static`, `hazards`, `consumers`, `measured`, `dump`, `notes`, `seconds`.
     """
     t0 = time.perf_counter()
     path, asked, limit = Path(drafter), limit, DEFAULT_LIMIT if limit is None else limit  # asked: None, the default
@@ -283,7 +301,7 @@ def diagnose(
         short_of_limit(feed.cache, asked, feed.cache.info.path, unit="samples")
     if feed is not None and feed.cache.info.num_slots < ckpt.contract.num_aux_layers:  # fc cannot run on it
         check_slots(feed.cache.info, ckpt.contract.num_aux_layers, path, ckpt.contract.capture_layers)
-    cannot = _cannot_measure(rep, ckpt, tcfg)
+    cannot, unsure = _cannot_measure(rep, ckpt, tcfg), None
     why_not = cannot or (None if at_hand else f"the target's weights are not all in {ref.folder} ({missing})")
     if why_not:
         report["notes"].append(f"not measured: {why_not}")
@@ -295,6 +313,8 @@ def diagnose(
         m, cap, findings, adopted, report["measured"] = _settled(cap, rep, cons, path, layer_convention, tcfg,
                                                                 progress, report["notes"])
         untrained = _untrained(report["measured"])
+        unsure = untrained or (None if report["measured"]["decidable"] else
+                               _too_few(cap.positions, _tests(report["measured"]["hypotheses"])))
         withheld = [f["title"] for f in findings] if untrained else []
         if withheld:  # the contract's wiring stands: nothing measured is evidence against it
             findings, report["measured"]["trained_for"] = [], {"wiring": final.describe(), **m.measure(final).summary()}
@@ -317,7 +337,8 @@ def diagnose(
         report["notes"].append(f"the config names no rope_theta: every engine builds {DEFAULT_ROPE_THETA:g}"
                                + ("" if why_not else ", and the measurement found no better theta"))
     findings = _rank(findings)
-    report.update(findings=findings, verdict="faulty" if findings else "ok", trained_for=final.describe(),
+    report.update(findings=findings, verdict="faulty" if findings else "inconclusive" if unsure else "ok",
+                  inconclusive=None if findings else unsure, trained_for=final.describe(),
                   hazards=hazards(cons, ckpt, final))
     report["seconds"]["total"] = round(time.perf_counter() - t0, 1)
     report["runs_on"] = runs_on(ref.device)  # what the seconds were spent on

@@ -22,7 +22,8 @@ def _acc(f: dict[str, Any]) -> str:
 def _measured(report: dict[str, Any]) -> list[str]:
     m = report["measured"]
     fit, said = m["trained_for"], m["contract"]
-    return ["", f"the weights fit: {fit['wiring']}",
+    what = "measured under" if report["verdict"] == "inconclusive" else "the weights fit"  # no fit was shown
+    return ["", f"{what}: {fit['wiring']}",
             (f"  log-probability of the target's token {_num(fit['logprob'])} nats, depth-1 acceptance "
              f"{_num(fit['acceptance_depth1'])}, tau(5) {_num(fit['tau5'], '.2f')} (as the contract says: "
              f"{_num(said['logprob'])}, {_num(said['acceptance_depth1'])}, {_num(said['tau5'], '.2f')})")]
@@ -66,7 +67,8 @@ def format_report(report: dict[str, Any]) -> str:
     """The report for humans: verdict, findings (most likely first) with numbers and the fix, then
     what the weights fit, the engine dump, consumer hazards, other problems, notes, and the table."""
     n = len(report["findings"])
-    head = "OK: no fault found" if report["verdict"] == "ok" else f"FAULTY: {n} finding{'s' * (n != 1)}"
+    head = {"ok": "OK: no fault found", "faulty": f"FAULTY: {n} finding{'s' * (n != 1)}",
+            "inconclusive": f"INCONCLUSIVE: {report['inconclusive']}"}[report["verdict"]]
     chunks = (report["dump"] or {}).get("chunks") or []
     unjudged = not any(f["fault"] == "unmatched_features" for f in report["findings"])
     lost = [c["chunk"] for c in chunks if not c["identified"]]
