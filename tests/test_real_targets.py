@@ -428,7 +428,8 @@ def test_doctor_refuses_a_cache_with_fewer_states_than_the_draft_reads_naming_it
 
 def test_doctor_names_no_wiring_an_untrained_draft_leans_to(plain, tmp_path):
     """Random weights measure better under some wiring (here the doctor once named a concatenation
-    order a fault), but a draft that accepts almost nothing under every wiring is trained for none."""
+    order a fault), but a draft that accepts almost nothing under every wiring is trained for none: no finding,
+    and the verdict is inconclusive, not ok (it said ok, and "the weights fit")."""
     import random
 
     from eyas.doctor import diagnose
@@ -439,7 +440,8 @@ def test_doctor_names_no_wiring_an_untrained_draft_leans_to(plain, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(" ".join(rnd.choice(WORDS) for _ in range(5)) for _ in range(8)) + "\n")
     rep = diagnose(draft, target=folder, prompts=prompts, limit=8, max_new_tokens=32, progress=False)
-    assert rep["verdict"] == "ok" and rep["findings"] == []
+    assert rep["verdict"] == "inconclusive" and rep["findings"] == []
+    assert rep["inconclusive"].startswith("depth-1 acceptance is below 0.05 under every wiring")
     note = next(n for n in rep["notes"] if n.startswith("depth-1 acceptance is below 0.05 under every wiring"))
     assert "not named faults" in note and rep["trained_for"].startswith(f"capture layers {LAYERS}")
     assert rep["measured"]["trained_for"]["wiring"] == rep["measured"]["contract"]["wiring"]
