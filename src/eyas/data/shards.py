@@ -227,9 +227,12 @@ _DIMS = ("num_layers", "hidden_size", "vocab_size")  # what a manifest records o
 
 def target_digest(want: str | Target | TargetRef) -> str | None:
     """The digest of the weights `want` names (None for a bare name, or weights without a final norm)."""
-    if isinstance(want, str):
-        return None
-    return (want if isinstance(want, TargetRef) else TargetRef.resolve(want.path)).norm_digest()
+    return None if isinstance(want, str) else _ref(want).norm_digest()
+
+
+def _ref(want: Target | TargetRef) -> TargetRef:
+    """The weights a loaded target or a ref names, as a ref (read by name, never loaded)."""
+    return want if isinstance(want, TargetRef) else TargetRef.resolve(want.path)
 
 
 def _same_weights(manifest: dict, where: Path, name: str, now: str | None) -> None:
@@ -274,7 +277,7 @@ def check_target(manifest: dict, where: Path, want: str | Target | TargetRef) ->
     differ = [f"{k} {got.get(k)} there, {dims[k]} here" for k in _DIMS if dims[k] != got.get(k)]
     if not differ and now is None and then is not None and not isinstance(want, str):
         # the digest cannot be compared because the norm cannot be read (missing, nan): that is the fault to name
-        (want if isinstance(want, TargetRef) else TargetRef.resolve(want.path)).tensors(["norm.weight"])
+        _ref(want).tensors(["norm.weight"])
     other = (f" ({'; '.join(differ)})" if differ else
              f" (its final norm's digest is {now}, the capture's {then})" if now is not None else "")
     raise ContractError(
