@@ -178,6 +178,15 @@ def test_drafts_eyas_cannot_run_are_read_and_refused_by_name(name, part):
         Drafter.from_tensors(ckpt.contract, {})
 
 
+def test_inspect_states_no_head_dim_for_latent_attention(tmp_path, capsys):
+    """An MLA layer has a query/key head (qk_nope + qk_rope) and a value head, no one head_dim: inspect's layer row
+    names none rather than hidden / heads (56 here), a size nothing in the draft has."""
+    (tmp_path / "config.json").write_bytes(_path("specforge/deepseek-r1-eagle3.json").read_bytes())
+    main(["inspect", str(tmp_path)])
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("layer ")]
+    assert "heads 128 / kv 128, intermediate 18432" in row and "head_dim" not in row, row
+
+
 def test_a_run_verb_refuses_an_unrunnable_draft_in_one_line(tmp_path, capsys):
     """eyas generate on a MoE draft whose dims fit the embedded target: refused, exit 2, naming the part."""
     from safetensors.torch import save_file

@@ -477,7 +477,7 @@ def test_too_few_positions_are_grown_then_said_inconclusive(healthy, target_dir,
     cap = collect(Target.load(target_dir), prompts, limit=1, max_new_tokens=3, progress=False)
     rep = diagnose(healthy, capture=cap, progress=False)
     assert rep["measured"]["data"].startswith("2 prompts") and not rep["measured"]["decidable"]
-    assert any(n.startswith(f"{cap.positions} positions are too few") and "answered 1 more prompts" in n
+    assert any(n.startswith(f"{cap.positions} positions are too few") and "answered 1 more prompt to settle it" in n
                for n in rep["notes"]), rep["notes"]
     assert rep["verdict"] == "inconclusive" and rep["inconclusive"].endswith("or more can be)"), rep["inconclusive"]
     assert rep["measured"]["detectable_logprob"] is None and not any("would have been found" in n for n in rep["notes"])

@@ -352,6 +352,18 @@ def test_an_output_that_is_a_link_to_nothing_is_refused(world, tmp_path, capsys,
     assert not (tmp_path / "gone").exists() and (tmp_path / "dangling").is_symlink()
 
 
+def test_an_output_going_up_out_of_a_missing_folder_is_refused(world, tmp_path, capsys, no_loading):
+    """`--out c/new/..` names c, but the system follows no `..` out of a folder that does not exist: the write
+    made c/new and left it there. Refused before anything is made, naming the path to give instead."""
+    t, d, prompts = world["target"], world["draft"], world["prompts"]
+    (tmp_path / "c").mkdir()
+    up = tmp_path / "c" / "new" / ".." / "out"
+    refused(capsys, ["capture", "--prompts", prompts, "--out", up, "--target", t], "(--out) goes up (..) out of",
+            "new, which does not exist")
+    refused(capsys, ["convert", d, up, "--format", "eagle"], "(DST) goes up (..)")
+    assert [p.name for p in (tmp_path / "c").iterdir()] == []
+
+
 def test_capture_without_layers_on_a_shallow_target_is_refused_before_it_loads(world, tmp_path, capsys, no_loading):
     """The engines' default (2, N//2, N-3) on this 4-layer target is [2, 2, 1]: said from its config."""
     refused(capsys, ["capture", "--prompts", world["prompts"], "--out", tmp_path / "out", "--target", world["target"]],

@@ -410,6 +410,15 @@ def test_doctor_names_a_specforge_cache_taken_one_layer_too_deep(plain, tmp_path
     assert any(n.startswith("2 samples of the cache measured: under 5") for n in rep["notes"])  # too few to confirm
 
 
+def test_doctor_says_in_one_note_which_layers_a_specforge_cache_may_hold(plain, tmp_path, capsys):
+    """The doctor's notes state the cache's layers once, SpecForge's reading of the draft's config beside the
+    assumed ones, as eval's one warning does."""
+    code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2,3", [0, 1, 2], "--json")
+    said = [n for n in json.loads(out)["notes"] if "SpecForge trained with" in n]
+    assert len(said) == 1 and said[0].startswith("feature cache (specforge): ") and said[0].endswith(
+        "SpecForge trained with config_eagle.json captured [2, 3, 4] (its ids are outputs of layers)"), said
+
+
 def test_doctor_blames_a_cache_with_another_count_of_states_not_the_config(plain, tmp_path, capsys):
     """A cache of 3 states for a draft reading 2: the cache is taken again; the draft's config is right."""
     code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2", [0, 1, 2], "--json")

@@ -456,16 +456,10 @@ def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
 
 
 def _as_trained(info: CacheInfo, config, layers: tuple[int, ...]) -> str:
-    """SpecForge captures the layers its draft config names (its ids are outputs of layers): where the draft's
-    folder names others than eyas assumed, the layers a cache made with that config holds, said in the one warning
-    (the seed's fault: ids written as capture indices, which SpecForge and SGLang read as outputs of layers)."""
-    from eyas.data.caches.specforge import layers_for_draft
+    """SpecForge's reading of the draft's folder, said in the one warning on the cache's layers."""
+    from eyas.data.caches.specforge import trained_reading
 
-    named = layers_for_draft(config.parent) if info.format == "specforge" else None
-    if named is None or info.capture_layers is None or named[1] == tuple(info.capture_layers):
-        return ""
-    same = ", the draft's own" if named[1] == layers else ""
-    return f"; SpecForge trained with {named[0]} captured {list(named[1])}{same} (its ids are outputs of layers)"
+    return trained_reading(config.parent, info.capture_layers, layers) if info.format == "specforge" else ""
 
 
 def plot_report(report: dict, path) -> None:

@@ -95,7 +95,8 @@ def _contract_rows(c: dict[str, Any], o: dict[str, str]) -> list[tuple[str, str]
     layer = (
         f"{c['layer_type']} x{c['num_hidden_layers']}: hidden {c['hidden_size']}, heads "
         f"{c['num_attention_heads']} / kv {c['num_key_value_heads']}, "
-        f"head_dim {c['head_dim']}, intermediate {c['intermediate_size']}, {c['hidden_act']}, eps {c['rms_norm_eps']}"
+        + ("" if "latent attention" in (c.get("unsupported") or "") else f"head_dim {c['head_dim']}, ")  # MLA has none
+        + f"intermediate {c['intermediate_size']}, {c['hidden_act']}, eps {c['rms_norm_eps']}"
         + (", attention bias" if c["attention_bias"] else "")
         + (f", sliding window {c['sliding_window']}" if c["sliding_window"] else "")
     )

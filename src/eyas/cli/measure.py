@@ -54,8 +54,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
         print_json(manifest)
     else:
         said = f"{args.out} was complete already, nothing captured" if finished else f"wrote {args.out}"
-        print(f"{said}: {manifest['num_samples']} samples, {manifest['num_tokens']} tokens "
-              f"({manifest['num_loss_tokens']} answer tokens), {len(manifest['skipped_prompts'])} prompts skipped")
+        n, skipped = manifest["num_samples"], len(manifest["skipped_prompts"])
+        print(f"{said}: {n} sample{'s' * (n != 1)}, {manifest['num_tokens']} tokens ({manifest['num_loss_tokens']} "
+              f"answer tokens), {skipped} prompt{'s' * (skipped != 1)} skipped")
     return 0
 
 

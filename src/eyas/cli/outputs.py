@@ -34,7 +34,18 @@ def _given(path: str | Path | None, flag: str, kind: str) -> Path | None:
         raise EyasError(f"{flag} is an empty path",
                         f"give {flag} a {kind} path" + (" ('.' for this one)" if kind == "folder" else ""))
     _linked_to_nothing(Path(path), flag)
+    _up_from_nothing(Path(path), flag)
     return Path(path)
+
+
+def _up_from_nothing(path: Path, flag: str) -> None:
+    """Refuse `..` out of a folder that does not exist (`c/new/..`): the system follows no such path, so
+    writing it made c/new first and left it behind."""
+    for i, part in enumerate(path.parts):
+        above = Path(*path.parts[:i])
+        if part == ".." and i and not above.exists():
+            raise EyasError(f"{path} ({flag}) goes up (..) out of {above}, which does not exist",
+                            f"give {flag} as {os.path.normpath(path)}, or create {above} first")
 
 
 def _linked_to_nothing(path: Path, flag: str) -> None:

@@ -348,8 +348,9 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's usage errors in eyas's shape: the verb's own usage line (a flag the verb lacks is
-    reported by the verb's parser, not the top level's), `PROG: error: ...`, a `hint:` line, exit 2."""
+    """argparse's usage errors in eyas's shape, as every other error: one `error: PROG: ...` line (a flag
+    the verb lacks is reported by the verb's parser, not the top level's), a `hint:` line, exit 2. No usage
+    block: eval's is nine lines above the one that matters, and the hint names `--help`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -368,8 +369,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         hint = f"`{self.prog} --help` lists {'the verbs' if self.verbs else 'its flags and their values'}"
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}\nhint: {hint}", file=sys.stderr)
+        print(f"error: {self.prog}: {message}\nhint: {hint}", file=sys.stderr)
         raise UsageError(f"{self.prog}: {message}", hint)
 
 

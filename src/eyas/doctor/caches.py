@@ -95,10 +95,11 @@ class CacheFeed:
         return out
 
     def describe(self, n: int) -> str:
-        return f"{n} samples of feature cache {self.cache.info.path} (up to {self.answer_tokens} answer tokens each)"
+        return (f"{n} sample{'s' * (n != 1)} of feature cache {self.cache.info.path} "
+                f"(up to {self.answer_tokens} answer tokens each)")
 
     def more(self, n: int) -> str:
-        return f"measured {n} more samples of the cache"
+        return f"measured {n} more sample{'s' * (n != 1)} of the cache"
 
 
 def cache_section(info: CacheInfo) -> dict[str, Any]:
@@ -110,15 +111,12 @@ def cache_section(info: CacheInfo) -> dict[str, Any]:
 
 def cache_notes(info: CacheInfo, at_hand: bool, layers: tuple[int, ...], draft: Path) -> list[str]:
     """What was assumed about the cache, and how to confirm it."""
-    from eyas.data.caches.specforge import layers_for_draft
+    from eyas.data.caches.specforge import trained_reading
 
-    notes = [f"feature cache ({info.format}): {info.layers_note}"]
+    trained = trained_reading(draft, info.capture_layers, layers) if info.format == "specforge" else ""
+    notes = [f"feature cache ({info.format}): {info.layers_note}{trained}"]
     if info.layers_recorded:
         return notes
-    named = layers_for_draft(draft) if info.format == "specforge" else None
-    if named and info.capture_layers is not None and named[1] != tuple(info.capture_layers):
-        notes.append(f"SpecForge takes its layers from the draft config it trained with: with {named[0]} it captured "
-                     f"{list(named[1])} (its ids are outputs of layers), not the default {list(info.capture_layers)}")
     if at_hand:
         notes.append("the cache does not record its layers: its first sample was matched against the target's own "
                      "states (the dump section says which layer each chunk is)")

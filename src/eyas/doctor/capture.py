@@ -60,10 +60,10 @@ class PromptFeed:
         return _answer(tgt, found, self.max_new_tokens, progress) if found else []
 
     def describe(self, n: int) -> str:
-        return f"{n} prompts ({self.prompts}) x {self.max_new_tokens} greedy tokens"
+        return f"{n} prompt{'s' * (n != 1)} ({self.prompts}) x {self.max_new_tokens} greedy tokens"
 
     def more(self, n: int) -> str:
-        return f"answered {n} more prompts"
+        return f"answered {n} more prompt{'s' * (n != 1)}"
 
 
 @dataclass

@@ -76,6 +76,17 @@ def layers_for_draft(folder: Path) -> tuple[str, tuple[int, ...]] | None:
     return None
 
 
+def trained_reading(folder: Path, assumed: Sequence[int] | None, layers: tuple[int, ...]) -> str:
+    """Where the draft folder names other layers than a reader assumed, the layers a SpecForge cache made
+    with its config holds, as a clause for the one warning or note that states the cache's layers (the
+    seed's fault: ids written as capture indices, which SpecForge and SGLang read as outputs of layers)."""
+    named = layers_for_draft(folder)
+    if named is None or assumed is None or named[1] == tuple(assumed):
+        return ""
+    same = ", the draft's own" if named[1] == layers else ""
+    return f"; SpecForge trained with {named[0]} captured {list(named[1])}{same} (its ids are outputs of layers)"
+
+
 def has_files(folder: Path) -> bool:
     """True at the first `*.ckpt[.gz]` found (a cache can hold millions: never list it all to detect it)."""
     return any(name.endswith(SUFFIXES) for _root, _dirs, names in os.walk(folder) for name in names)
