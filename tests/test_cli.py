@@ -203,7 +203,11 @@ def test_check_without_a_draft_names_the_target_as_given(tmp_path, capsys):
     """No draft and none shipped for a lone target config: the error names the file typed, not its folder."""
     target = _write_json(tmp_path / "t" / "config.json", LLAMA31_8B_TARGET)
     code, _, err = _run(capsys, "check", "--target", target)
-    assert code == 2 and f"eyas ships none for the target {target}\n" in err
+    assert code == 2 and f"error: no draft given and eyas ships none for the target {target}: it ships one for " \
+        "HuggingFaceTB/SmolLM2-135M-Instruct (known by that name: the embedded default target" in err
+    code, _, err = _run(capsys, "check", "default", "--target", target)  # said as asked
+    assert code == 2 and err.startswith("error: the draft 'default' is the one eyas ships for HuggingFaceTB/")
+    assert f"left out), not for the target {target}\n" in err
 
 
 def test_check_engine_exits_1_on_what_that_engine_would_wire_otherwise(tmp_path, capsys):

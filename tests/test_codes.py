@@ -299,7 +299,9 @@ def consumer_views(tmp_path):
     spec = speculators_config(c)
     del spec["transformer_layer_config"]["model_type"]
     found |= _mismatches(_folder(tmp_path / "s", {"config.json": spec}, _t(c, d2t=None, t2d=None)))
-    return found
+    c = tiny_contract(sliding_window=4)
+    write_checkpoint(tmp_path / "w", c, random_tensors(c), "speculators")
+    return found | _mismatches(tmp_path / "w")  # llama.cpp: full attention
 
 
 def vocab_map_completed(tmp_path):
@@ -367,7 +369,7 @@ SCENARIOS = {  # scenario: the codes it must produce
                    "weights_aux_norm_names"},
     consumer_views: {
         "consumer_capture_default", "consumer_capture_layers", "consumer_norm_flags", "consumer_replaces_embeddings",
-        "consumer_no_vocab_map", "consumer_builds_qwen3",
+        "consumer_no_vocab_map", "consumer_builds_qwen3", "consumer_full_attention",
     },
     vocab_map_completed: {"t2d_derived", "d2t_cast", "t2d_cast"},
     engine_refusals: {"consumer_cannot_load"},

@@ -207,7 +207,7 @@ def test_a_cache_row_longer_than_the_targets_context_is_said(tiny, tmp_path, cap
     assert main(["eval", str(draft), "--data", str(cache), "--target", str(folder), "--limit", "99", "--json",
                  "--no-progress"]) == 0  # more samples asked for than the cache holds: said, as for prompts
     said = json.loads(capsys.readouterr().out)["stderr_warnings"]
-    assert f"--limit 99: {cache} has 1 samples; measuring those" in said
+    assert f"--limit 99: {cache} has 1 sample; measuring it" in said
 
 
 @pytest.mark.parametrize("ids", [[4, 40], [4]])

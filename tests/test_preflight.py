@@ -673,3 +673,23 @@ def test_the_loaded_hybrid_target_is_refused_in_one_line_too(hybrid_target):
 
     with pytest.raises(EyasError, match=r"\['DynamicLayer', 'LinearAttentionLayer'\]"):
         generate(Target.load(hybrid_target), None, torch.tensor([[1, 2, 3]]), max_new_tokens=4)
+
+
+def test_serve_check_says_how_it_read_the_draft_before_the_engine_starts(world, monkeypatch, capsys):
+    """serve-check held the draft's warnings back (inspect, check and convert say them): a map completed on
+    read, ids that differ between places. They are the first things to know when served and predicted differ."""
+    from eyas.target import Target
+
+    sc = importlib.import_module("eyas.engines.serve_check")  # the module (the package exports a function so named)
+
+    def stop(*a, **k):
+        raise EyasError("the target would load here", "nothing")
+
+    monkeypatch.setattr(sc, "engine_python", lambda name: None)  # installed or not, this test starts no engine
+    monkeypatch.setattr(Target, "load", classmethod(stop))
+    capsys.readouterr()
+    assert main(["serve-check", str(world["draft"]), "--target", str(world["target"]), "--prompts",
+                 str(world["prompts"]), "--max-new-tokens", "8", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: " in err and "config_eagle.json: the capture layers [1, 2, 4] start at 1" in err, err
+    assert err.index("warning: ") < err.index("error: the target would load here")

@@ -419,6 +419,29 @@ def test_doctor_says_in_one_note_which_layers_a_specforge_cache_may_hold(plain, 
         "SpecForge trained with config_eagle.json captured [2, 3, 4] (its ids are outputs of layers)"), said
 
 
+def test_the_doctor_refuses_a_capture_from_another_target_as_eval_does(plain, tmp_path, capsys):
+    """doctor --features read an eyas capture against a target whose final norm was changed and said OK: eval and
+    train refuse it by the norm's digest. Both read caches through one check now; a copy with the same norm is
+    accepted by both, with the same warning."""
+    folder, shards, _, draft = plain
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    ref = TargetRef.resolve(folder)
+    tensors = ref.tensors(sorted(ref.tensor_names()))
+    save_file({**tensors, "model.norm.weight": tensors["model.norm.weight"] * 1.01},
+              other / "model.safetensors")
+    for argv in (["eval", draft, "--data", shards], ["doctor", draft, "--features", shards]):
+        capsys.readouterr()
+        assert main([str(a) for a in argv] + ["--target", str(other), "--no-progress"]) == 2
+        assert "its final norm's digest is" in capsys.readouterr().err
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    capsys.readouterr()
+    assert main(["doctor", str(draft), "--features", str(shards), "--target", str(copy), "--no-progress",
+                 "--json"]) in (0, 1)
+    assert "final norm's digest matches" in " ".join(json.loads(capsys.readouterr().out)["stderr_warnings"])
+
+
 def test_doctor_blames_a_cache_with_another_count_of_states_not_the_config(plain, tmp_path, capsys):
     """A cache of 3 states for a draft reading 2: the cache is taken again; the draft's config is right."""
     code, out, _, _ = _doctor_on_specforge(plain, tmp_path, capsys, "1,2", [0, 1, 2], "--json")

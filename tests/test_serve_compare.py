@@ -91,8 +91,8 @@ def test_paired_difference_is_zero_on_identical_counts_and_resolves_a_shift():
 def test_paired_difference_needs_drafts_on_both_sides_of_the_same_prompts():
     assert paired_difference([(0, [0])], [(0, [0])], 1) is None
     assert paired_difference([(3, [1])], [(3, [1]), (2, [0])], 1) is None
-    one = paired_difference([(3, [1])], [(3, [0])], 1)  # one prompt: no interval, said as "-"
-    assert "(-)" in _difference_lines(one)[0] and "too narrow" in _difference_lines(one)[0]
+    one = paired_difference([(3, [1])], [(3, [0])], 1)  # one prompt: no interval, said so (it printed "(-)")
+    assert _difference_lines(one) == ["  served minus predicted: +0.333 (one prompt: no interval; --limit 2 or more)"]
 
 
 # --- sampled serving: an engine simulated on the tiny target, faithful or not -------------------------
@@ -201,8 +201,24 @@ def test_drafts_the_engine_computed_otherwise_are_a_disagreement():
               "engine_version": "test", "predicted": {}, "drafts_compared": {"drafts": 161, "first_token_same": 0.795}}
     said = _explain(report, {"mismatches": [], "notes": []})
     assert said == ["drafts: vLLM's first draft token is eyas's at 80% of 161 chain starts, where the same prefixes "
-                    "and weights in fp32 share 95% or more: the engine computes the draft otherwise (its attention, "
-                    "rope, norms or embeddings)"]
+                    "and weights in fp32 share 95% or more: the engine feeds or computes the draft otherwise (its "
+                    "attention, rope, norms or embeddings)"]
+    report["wiring"]["differences"] = ["capture layers: the engine fed [1, 14, 26], the contract says [2, 15, 27]"]
+    said = _explain(report, {"mismatches": [], "notes": []})  # a wiring found is the cause named, not the others
+    assert said[0].startswith("wiring: capture layers") and said[1].endswith("otherwise (the wiring above)")
+
+
+def test_what_check_predicted_for_vllm_comes_with_its_fix():
+    """The text report named a norm flag vLLM reads otherwise but not its fix, which only --json carried."""
+    from eyas.codes import finding
+
+    m = finding("consumer_norm_flags", "norm_before_residual", "uses norm_before_residual=True, the contract says "
+                "False", "write every norm flag explicitly")
+    report = {"wiring": {"differences": []}, "positions": [], "samples": None, "consumer_view": [],
+              "engine_version": "test", "predicted": {}, "drafts_compared": None}
+    said = _explain(report, {"mismatches": [m, m], "notes": []})
+    assert said == ["eyas check predicted for vLLM: uses norm_before_residual=True, the contract says False; uses "
+                    "norm_before_residual=True, the contract says False", "fix: write every norm flag explicitly"]
 
 
 def test_the_served_count_is_judged_by_its_exact_distribution():

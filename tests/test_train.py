@@ -635,7 +635,7 @@ def test_init_refuses_a_draft_that_does_not_fit_naming_the_field(target_dir, cap
 def test_init_default_is_the_draft_eyas_ships_for_the_target(target_dir, captured, tmp_path):
     """`--init default` reads as `eval --against default` does: the shipped draft for the target (this tiny
     target has none, which is said, where a folder named default was looked for before)."""
-    with pytest.raises(EyasError, match="eyas ships none for"):
+    with pytest.raises(EyasError, match="the draft .default. is the one eyas ships for .*, not for the target"):
         train(config(captured, tmp_path / "none", target_dir, init="default", max_steps=1))
 
 

@@ -153,3 +153,16 @@ def test_a_map_engines_misread_is_not_completed(tmp_path, case):
     assert "t2d_missing" in codes
     with pytest.raises(ContractError):
         read_checkpoint(d)
+
+
+def test_engines_are_said_to_have_no_map_where_t2d_is_stored_without_d2t(tmp_path):
+    """vLLM and SGLang skip t2d on load and llama.cpp's converter drops it: a t2d alone is no map to them, as no
+    tensor is. inspect said vLLM and llama.cpp load it as intended (its `d2t_missing` problem aside)."""
+    from eyas.check.consumers import consumers
+
+    for case in ("no d2t", "none"):
+        views = consumers(read_checkpoint(_stored(tmp_path, case), strict=False))
+        assert [m["code"] for m in views["vllm"]["mismatches"]] == ["consumer_no_vocab_map"], case
+        assert views["llamacpp"]["refused"] == ["reduced vocab without d2t: the loader sizes the lm_head by the "
+                                                "target vocab and fails"], case
+    assert consumers(read_checkpoint(_stored(tmp_path, "no t2d")))["vllm"]["mismatches"] == []  # d2t is all they read

@@ -151,6 +151,8 @@ CODES: dict[str, Code] = {
     "consumer_rope": _warning("rope", "an engine turns the draft's rope at another base than the contract's"),
     "consumer_ties_lm_head": _warning(None, "an engine uses the embedding table as lm_head (tie_word_embeddings)"),
     "consumer_cannot_load": _warning(None, "vLLM, or SGLang for an eagle config, refuses the draft"),
+    "consumer_full_attention": _warning(None, "an engine attends over every token where the draft's layer has a "
+                                              "sliding window (llama.cpp)"),
 }
 
 

@@ -36,8 +36,11 @@ def resolve_drafter(spec: str | Path | None, target: str | Path | TargetRef | No
     shipped = shipped_draft(name)
     if shipped is None:
         given = target if isinstance(target, (str, Path)) and str(target) != "default" else name  # as typed
-        raise EyasError(f"no draft given and eyas ships none for the target {given}",
-                        "pass a draft folder (eyas init DIR --target T makes an untrained one; eyas train trains one)")
+        ships = f"{', '.join(SHIPPED_DRAFTS)} (known by that name: the embedded default target, --target left out)"
+        said = f"no draft given and eyas ships none for the target {given}: it ships one for {ships}" \
+            if spec is None else f"the draft 'default' is the one eyas ships for {ships}, not for the target {given}"
+        raise EyasError(said, "pass a draft folder (eyas init DIR --target T makes an untrained one; eyas train "
+                        "trains one)")
     return shipped
 
 

@@ -30,7 +30,6 @@ from eyas.acceptance import difference, figures, sample_counts, stacked, top_ids
 from eyas.atomic import write_figure
 from eyas.contract import default_capture_layers
 from eyas.data import MANIFEST, capture, prompts_fit, read_prompts, short_of_limit
-from eyas.data.shards import check_target
 from eyas.drafter_loading import load_drafter_and_config, resolve_drafter
 from eyas.devices import on_gpu
 from eyas.dtypes import AUTO, is_auto, to_dtype
@@ -40,7 +39,7 @@ from eyas.machine import bf16_dot_products, runs_on
 from eyas.sampled import alpha_measure, answer_depths, require_sampleable, sampled_difference, sampled_report
 from eyas.shift import label_ids, shift_for_draft, shift_left
 from eyas.target import Target, TargetRef
-from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, judged
+from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_source, judged
 
 if TYPE_CHECKING:
     from eyas.data.caches import CacheInfo
@@ -351,16 +350,14 @@ def evaluate(
             data, data_format = tmp, "eyas"
         cache = open_cache(data, format=data_format, num_layers=ref.num_layers, vocab_size=ref.vocab_size)
         info = cache.info
-        if info.format == "eyas":  # a capture from another target is refused
-            check_target(cache.data.manifest, info.path / MANIFEST, ref)
-        check_cache_fits(info, ref.hidden_size, ref.name)
+        check_cache_source(cache, ref)
         _check_layers(info, tuple(layers), config)
         if temperature > 0:
             require_sampleable(info)
         head = ref.head(normed=info.last_hidden == NORMED) if info.last_hidden else None
         bar = tqdm(unit="tok", desc="eval", file=sys.stderr, disable=not progress)
         if given_data:  # prompts were held to --limit as they were read
-            short_of_limit(cache, limit, info.path, unit="samples")
+            short_of_limit(cache, limit, info.path, unit="sample")
         longer = LongerThanContext(ref.text_config.get("max_position_embeddings"))
         samples = judged(longer.passing(itertools.islice(cache, limit)), head, normed=info.last_hidden != PRE_NORM,
                          device=ref.device, vocab_size=ref.vocab_size, where=info.path)

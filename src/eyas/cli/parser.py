@@ -326,7 +326,7 @@ def _decoding_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_reading(p, progress=True)
 
     p = command("serve-check", cmd_serve_check, "serve the draft in a real engine (vLLM, CPU) and compare its "
-                "acceptance and wiring with eyas's prediction; exit 1 if they disagree")
+                "acceptance and wiring with eyas's prediction; exit 1 if they disagree or vLLM refuses the draft")
     add_drafter(p)
     p.add_argument("--engine", choices=("vllm",), default="vllm",
                    help="the engine (installed by scripts/install-engines.sh; default: vllm)")

@@ -109,12 +109,14 @@ def read_prompts(source: str | Path | None = None, *, limit: int | None = None) 
 
 
 def short_of_limit(items: S, limit: int | None, source: str | Path, *, after: str = "", doing: str = "measuring",
-                   unit: str = "prompts") -> S:
+                   unit: str = "prompt") -> S:
     """`items` (prompts, or a cache's samples: `unit`), read under a `--limit limit` given (None: none was), with
     a warning where there are fewer than asked: figures measured on 5 prompts, asked for 10, are not passed off
     as the 10's (`after`: what was skipped). A verb's default limit is no request: it is passed as None here."""
     if limit is not None and len(items) < limit:
-        warnings.warn(f"--limit {limit}: {source} has {len(items)} {unit}{after}; {doing} those", stacklevel=2)
+        n = len(items)
+        warnings.warn(f"--limit {limit}: {source} has {n} {unit}{'s' * (n != 1)}{after}; {doing} "
+                      f"{'those' if n != 1 else 'it'}", stacklevel=2)
     return items
 
 

@@ -29,7 +29,7 @@ from eyas.errors import FormatError
 from eyas.evaluate import check_slots, eval_dtype, evaluate_samples
 from eyas.shift import shift_left
 from eyas.target_ref import TargetRef
-from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_fits, describe, judged
+from eyas.verdict import FROM_HEAD, FROM_TOKENS, check_cache_source, describe, judged
 
 if TYPE_CHECKING:
     from eyas.data.caches import CacheInfo, FeatureCache
@@ -38,11 +38,11 @@ if TYPE_CHECKING:
 
 
 def open_for(path: str | Path, data_format: str | None, ref: TargetRef) -> FeatureCache:
-    """The cache at `path`, refused when its states are not the target's width."""
+    """The cache at `path`, refused when it is from another model (eyas.verdict.check_cache_source)."""
     from eyas.data.caches import open_cache  # the readers load only when a cache is given
 
     cache = open_cache(path, format=data_format, num_layers=ref.num_layers, vocab_size=ref.vocab_size)
-    check_cache_fits(cache.info, ref.hidden_size, ref.name)
+    check_cache_source(cache, ref)
     return cache
 
 

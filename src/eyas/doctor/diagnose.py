@@ -298,7 +298,7 @@ def diagnose(
     at_hand = missing is None
     dump, feed = _features(features, data_format, ref, report, final.layers, path, at_hand, max_new_tokens)
     if feed is not None:
-        short_of_limit(feed.cache, asked, feed.cache.info.path, unit="samples")
+        short_of_limit(feed.cache, asked, feed.cache.info.path, unit="sample")
     if feed is not None and feed.cache.info.num_slots < ckpt.contract.num_aux_layers:  # fc cannot run on it
         check_slots(feed.cache.info, ckpt.contract.num_aux_layers, path, ckpt.contract.capture_layers)
     cannot, unsure = _cannot_measure(rep, ckpt, tcfg), None

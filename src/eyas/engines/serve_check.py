@@ -122,7 +122,8 @@ def _explain(report: dict[str, Any], view: dict[str, Any]) -> list[str]:
     if not drafts_agreement(dc):
         out.append(f"drafts: vLLM's first draft token is eyas's at {dc['first_token_same']:.0%} of {dc['drafts']} "
                    f"chain starts, where the same prefixes and weights in fp32 share {DRAFTS_SAME:.0%} or more: the "
-                   "engine computes the draft otherwise (its attention, rope, norms or embeddings)")
+                   "engine feeds or computes the draft otherwise (" + ("the wiring above" if report["wiring"][
+                       "differences"] else "its attention, rope, norms or embeddings") + ")")
     t = report.get("samples")
     if t and not t["faithful"]:
         out.append(f"the engine's tokens are not samples of the target's distribution at temperature "
@@ -130,6 +131,7 @@ def _explain(report: dict[str, Any], view: dict[str, Any]) -> list[str]:
     said = [text_of(m) for m in view["mismatches"]] + [n for n in view["notes"] if "no layer ids" in n or "absent" in n]
     if said:
         out.append("eyas check predicted for vLLM: " + "; ".join(said))
+        out += [f"fix: {fix}" for fix in dict.fromkeys(m["fix"] for m in view["mismatches"])]
     wrong = [s for s in report["consumer_view"] if not s["holds"]]
     if wrong:
         version = report["engine_version"]
@@ -238,7 +240,8 @@ def assess(draft_dir: Path, target: Target, prompts: list[list[int]], run: dict[
         predicted = not view["loads"]
         report["refusal_predicted"] = predicted
         report["explanation"] = [f"vLLM {engine_version} refused the draft: {run['error']}",
-                                 ("eyas check predicted the refusal: " + "; ".join(view["notes"])) if predicted
+                                 ("eyas check predicted the refusal: " + "; ".join(view["refused"] or view["notes"]))
+                                 if predicted
                                  else "eyas check did NOT predict this refusal (its consumer view needs a fix)"]
         return report
     if run["error"]:
@@ -323,7 +326,8 @@ def serve_check(
     engine_python("vllm")  # not installed: say so before loading anything
     ref = TargetRef.resolve(target, weights=False)
     draft_dir = resolve_drafter(drafter, ref).resolve()
-    read_fitting(draft_dir, ref)  # an unusable draft is refused before the target loads and the engine starts
+    for w in read_fitting(draft_dir, ref).warnings:  # an unusable draft is refused before the engine starts;
+        warnings.warn(f"{draft_dir}: {text_of(w)}", stacklevel=2)  # how it was read is said, as inspect says it
     context = model_len(ref)
     if max_new_tokens >= context:
         raise EyasError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the {context} "
@@ -393,8 +397,11 @@ def _difference_lines(d: dict[str, Any] | None) -> list[str]:
         return []
     m, few = d["mean_acceptance_length"], f" (under {FEW} prompts: too narrow)" if d["samples"] < FEW else ""
     lo, hi = m["ci95"]
-    interval = "-" if math.isnan(lo) else f"{lo:+.3f} to {hi:+.3f}"
-    return [f"  served minus predicted: {m['difference']:+.3f} ({interval}), paired 95% interval over "
+    if d["samples"] < 2:  # one prompt: nothing to resample
+        return [f"  served minus predicted: {m['difference']:+.3f} (one prompt: no interval; --limit 2 or more)"]
+    if math.isnan(lo):
+        return [f"  served minus predicted: {m['difference']:+.3f} (no resample of the prompts defines an interval)"]
+    return [f"  served minus predicted: {m['difference']:+.3f} ({lo:+.3f} to {hi:+.3f}), paired 95% interval over "
             f"resampled prompts{few}"]
 
 
@@ -402,9 +409,11 @@ def format_serve_check(report: dict[str, Any]) -> str:
     """The report as text: served against predicted, the verdict, the wiring, and why they disagree."""
     how = f"sampled at temperature {report['temperature']:g}" if report.get("temperature") else "greedy"
     lines = [f"serve-check: {report['drafter']} on {report['target']}, vLLM {report['engine_version']}, "
-             f"k={report['draft_tokens']}, {how}, {report['sequences']} prompts, {report['tokens']} tokens generated"]
+             f"k={report['draft_tokens']}, {how}, {report['sequences']} prompt{'s' * (report['sequences'] != 1)}, "
+             f"{report['tokens']} tokens generated"]
     if not report["loaded"]:
-        lines.append("loaded: no")
+        lines.append("loaded: no: nothing was served to compare" + (", as eyas check predicted (exit 1: the draft "
+                     "cannot be served as it is)" if report.get("refusal_predicted") else ""))
     else:
         lines += ["                     mean acc. length  acceptance by position",
                   _row("served (vLLM)", report["served"]), _row("predicted (eyas)", report["predicted"])]
@@ -415,12 +424,15 @@ def format_serve_check(report: dict[str, Any]) -> str:
             lines.append(f"  the same engine without speculation: {_samples_text(report['control'])}")
         dc = report["drafts_compared"]
         if dc and dc["drafts"]:
+            # sampled, a draft is accepted by chance, not by matching the tokens served: no length to compare
+            length = "" if report.get("temperature") else \
+                f", accepted length the same {dc['accepted_length_same']:.0%}"
             lines.append(f"  the engine's drafts against eyas's at the same {dc['drafts']} chain starts: first token "
-                         f"the same {dc['first_token_same']:.0%}, accepted length the same "
-                         f"{dc['accepted_length_same']:.0%}")
+                         f"the same {dc['first_token_same']:.0%}{length}")
         w = report["wiring"]
         lines.append("wiring: as the contract says" if w["agree"] else "wiring: differs from the contract")
-    lines.append(f"agree: {'yes' if report['agree'] else 'no'}")
+    if report["loaded"]:
+        lines.append(f"agree: {'yes' if report['agree'] else 'no'}")
     lines += [f"  - {e}" for e in report["explanation"]]
     if report.get("dump_path"):
         lines.append(f"dump: {report['dump_path']} (eyas doctor DRAFT --features {report['dump_path']})")
