@@ -412,8 +412,8 @@ def format_serve_check(report: dict[str, Any]) -> str:
              f"k={report['draft_tokens']}, {how}, {report['sequences']} prompt{'s' * (report['sequences'] != 1)}, "
              f"{report['tokens']} tokens generated"]
     if not report["loaded"]:
-        lines.append("loaded: no: nothing was served to compare" + (", as eyas check predicted (exit 1: the draft "
-                     "cannot be served as it is)" if report.get("refusal_predicted") else ""))
+        lines.append("loaded: no (vLLM refused the draft" + (", as eyas check predicted" if report.get(
+            "refusal_predicted") else "") + "; nothing was served to compare: exit 1)")
     else:
         lines += ["                     mean acc. length  acceptance by position",
                   _row("served (vLLM)", report["served"]), _row("predicted (eyas)", report["predicted"])]
