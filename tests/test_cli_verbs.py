@@ -341,3 +341,11 @@ def test_python_m_eyas_and_a_light_help():
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert {"eyas.cli", "eyas.cli.parser"} <= imported
     assert not imported & {"eyas.doctor", "eyas.bench", "eyas.generate", "transformers", "matplotlib"}
+
+
+def test_a_negative_number_in_exponent_form_is_a_value():
+    """`--lr -1e-3` was taken for a flag ("expected one argument"), never reaching --lr's own check; -0.001 was not."""
+    from eyas.cli.parser import build_parser
+
+    for given in ("-1e-3", "-1E+2", "-.5", "-2"):
+        assert build_parser().parse_args(["train", "--data", "d", "--out", "o", "--lr", given]).lr == float(given)

@@ -24,7 +24,7 @@ import eyas.devices as devices
 from eyas.contract import default_capture_layers
 from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.data.prompts import _json_array_items
-from eyas.data.shards import MANIFEST, NORM_DIGEST, text_sha256
+from eyas.data.shards import MANIFEST, NORM_DIGEST, plan_digest, text_sha256
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.shift import shift_for_draft
 from eyas.target import Target, TargetRef
@@ -470,6 +470,20 @@ def test_shard_that_disagrees_with_the_manifest_is_skipped(tmp_path, captured):
     assert len(d) == 3
 
 
+def test_an_edited_manifest_is_refused_naming_what_it_no_longer_matches(tmp_path, captured):
+    """capture_layers edited to other layers trained a draft wired to layers its features are not from, exit 0.
+    The plan's digest, recorded at capture, is held against the fields as read."""
+    for field, change in (("capture_layers", lambda m: [m["capture_layers"][0] - 1, *m["capture_layers"][1:]]),
+                          ("dtype", lambda m: "bfloat16"), ("generation", lambda m: {**m["generation"], "seed": 1})):
+        out = copy_capture(captured, tmp_path / field)
+        m = json.loads((out / "manifest.json").read_text())
+        assert m["plan_sha256"] == plan_digest(m)  # a new capture records it
+        write(out / "manifest.json", json.dumps({**m, field: change(m)}))
+        with pytest.raises(FormatError, match=r"manifest.json: its fields target, capture_layers, dtype, shard_size, "
+                                              r"prompts, generation are not those the shards were captured under"):
+            open_shards(out)
+
+
 # --- resuming and failing ---------------------------------------------------------------------
 
 
@@ -552,7 +566,8 @@ def test_version_1_capture_reads_and_resumes(tmp_path, target, monkeypatch):
     run_capture(target, out)
     m = json.loads((out / "manifest.json").read_text())
     write(out / "manifest.json", json.dumps({
-        **m, "format_version": 1, "shards": m["shards"][:1], "complete": False,
+        **{k: v for k, v in m.items() if k != "plan_sha256"}, "format_version": 1, "shards": m["shards"][:1],
+        "complete": False,
         "generation": {**m["generation"], "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0}}))
     with pytest.warns(UserWarning, match="incomplete"):
         assert len(open_shards(out)) == 2

@@ -134,3 +134,32 @@ def test_self_written_command_refuses_bad_input_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: count=0") and "hint:" in err
     assert not (tmp_path / "x.jsonl").exists()
+    # a temperature that samples nothing, and an --out that is a folder: refused before a target would load
+    for flags, said in ((["--temperature", "nan"], "error: --temperature nan: must be a number > 0"),
+                        (["--temperature", "-1"], "error: --temperature -1.0: must be a number > 0"),
+                        (["--out", str(tmp_path)], f"error: {tmp_path} is a folder (--out)")):
+        argv = ["--out", str(tmp_path / "x.jsonl"), "--count", "2", "--target", str(tmp_path / "none"), *flags]
+        assert self_written_main(argv) == 2
+        assert capsys.readouterr().err.startswith(said)
+
+
+def test_capture_names_a_prompt_files_copies_of_evaluation_texts(tmp_path, capsys, monkeypatch):
+    """docs/training.md said the check "matters for prompt files", but only eyas's own sources ran it: an MT-bench
+    question recased and repunctuated in a file was captured and trained on, unsaid. capture now names such
+    prompts (kept: the file is the user's), before the target loads; a packaged set is not read again for it."""
+    from eyas.cli import main
+    from eyas.errors import EyasError
+
+    mt = next(text for origin, text in eval_texts() if origin == "mtbench 81 turn 1")
+    path = tmp_path / "p.txt"
+    path.write_text(f"{mt.upper()}!\nWhat is two plus two?\n")
+
+    def stop(*a, **k):
+        raise EyasError("the target would load here", "nothing")
+
+    monkeypatch.setattr(Target, "load", classmethod(stop))
+    assert main(["capture", "--prompts", str(path), "--out", str(tmp_path / "c"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"warning: {path}: 1 of 2 prompts copy an evaluation text ({path.name} line 1 copies mtbench 81 turn 1 " \
+           "(exact)): a draft trained on them is measured on its training data" in err, err
+    assert err.index("warning:") < err.index("error: the target would load here")

@@ -27,6 +27,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from eyas.contract import default_capture_layers
     from eyas.data import capture, prompts_fit, read_prompts, short_of_limit
     from eyas.data.capturing import same_prompts
+    from eyas.data.prompts import named_set
+    from eyas.data.sources import warn_copies
     from eyas.data.shards import MANIFEST, read_manifest
     from eyas.dtypes import to_dtype
     from eyas.target import Target
@@ -38,6 +40,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         raise EyasError(f"{args.prompts}: no prompts left after --skip {args.skip}", "lower --skip")
     short_of_limit(prompts, args.limit, args.prompts, after=f" after --skip {args.skip}" if args.skip else "",
                    doing="capturing")
+    if not named_set(args.prompts):  # a prompt file: eyas's sources are deduplicated, its evaluation sets marked
+        warn_copies(prompts, args.prompts)
     dtype = to_dtype(args.dtype)
     prompts_fit(target_spec, prompts, args.max_new_tokens, max_length=args.max_length, skip_long=args.skip_long)
     same_prompts(args.out, prompts)  # resuming with other prompts: said before the weights load

@@ -18,6 +18,7 @@ engines (eyas.data.answers), and TrainConfig's fields with their docs (eyas.trai
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -355,6 +356,9 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.verbs: dict[str, argparse.ArgumentParser] = {}  # the top level's: each verb's own parser
+        # a negative number in exponent form (--lr -1e-3) is a value, as -0.001 is: argparse took it for a flag
+        # ("expected one argument") and never reached the flag's own check
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         ns, extra = self.parse_known_args(args, namespace)

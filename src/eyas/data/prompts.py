@@ -120,6 +120,11 @@ def short_of_limit(items: S, limit: int | None, source: str | Path, *, after: st
     return items
 
 
+def named_set(source: str | Path | None) -> bool:
+    """`source` names prompts eyas ships or builds (None: the default), not a file."""
+    return source is None or isinstance(source, str) and (source in _PACKAGED or source in SOURCES)
+
+
 def check_prompts(source: str | Path | None, *, limit: int | None = None) -> None:
     """Refuse now what `read_prompts(source, limit=limit)` would refuse later, before a command loads
     a model: a file is read in full (encoding, records); a named set only has to be installed (the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,11 +79,15 @@ def write_self_prompts(target: Target, count: int, *, seed: int = 0, batch_size:
     return out
 
 
-def check_sizes(count: int, batch_size: int, max_new_tokens: int) -> None:
-    """Refuse sizes below 1 (before a target is loaded for nothing)."""
+def check_sizes(count: int, batch_size: int, max_new_tokens: int, temperature: float = 1.0) -> None:
+    """Refuse sizes below 1 and a temperature that samples nothing (before a target is loaded for nothing):
+    nan wrote 1 prompt of 2, and -1 none, both said as success."""
     if min(count, batch_size, max_new_tokens) < 1:
         raise EyasError(f"count={count}, batch_size={batch_size}, max_new_tokens={max_new_tokens}: each must be >= 1",
                         "pass positive sizes")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise EyasError(f"--temperature {temperature}: must be a number > 0 (the turns are sampled)",
+                        "leave it out (1.0), or e.g. --temperature 0.8")
 
 
 def save_prompts(prompts: list[Prompt], path: Path, **meta: Any) -> None:
@@ -112,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from eyas.target import Target
 
-        check_sizes(args.count, args.batch_size, args.max_new_tokens)
+        from eyas.cli.outputs import output_file
+
+        check_sizes(args.count, args.batch_size, args.max_new_tokens, args.temperature)
+        output_file(args.out, "--out")
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         target = Target.load(args.target, dtype=dtype, device=args.device)
         found = write_self_prompts(target, args.count, seed=args.seed, batch_size=args.batch_size,

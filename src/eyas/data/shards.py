@@ -46,6 +46,9 @@ FORMAT_VERSION = 2  # 2: greedy answers are recorded as temperature 0 (1 recorde
 MANIFEST = "manifest.json"
 NORM_DIGEST = "target_norm_sha256"  # TargetRef.norm_digest of the weights captured from (recorded from 2026-12-06)
 KEYS = ("index", "samples", "tokens", "loss_tokens")  # the integers of a manifest's shard entry
+# the manifest's fields that say what its shards hold (capturing._plan); PLAN_DIGEST records their digest
+PLAN_KEYS = ("format", "format_version", "target", "capture_layers", "dtype", "shard_size", "prompts", "generation")
+PLAN_DIGEST = "plan_sha256"  # recorded from 2026-12-07: an edited plan (capture_layers [3, ...]) is refused
 _SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
 
@@ -96,7 +99,8 @@ def start_manifest(out_dir: Path, plan: dict, skipped: list, norm_digest: str | 
         return old
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {**plan, "fingerprint": fingerprint, "eyas_version": _eyas_version(), "skipped_prompts": skipped,
-                "shards": [], "num_samples": 0, "num_tokens": 0, "num_loss_tokens": 0, "complete": False}
+                "shards": [], "num_samples": 0, "num_tokens": 0, "num_loss_tokens": 0, "complete": False,
+                PLAN_DIGEST: plan_digest(plan)}
     if norm_digest is not None:
         manifest[NORM_DIGEST] = norm_digest
     write_json(path, manifest)
@@ -135,8 +139,15 @@ def _short(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def plan_digest(manifest: dict) -> str:
+    """The SHA-256 of the manifest's plan (PLAN_KEYS): what its shards hold. The fingerprint cannot serve:
+    it stays a version-1 capture's after the plan is upgraded (`_upgrade`)."""
+    return text_sha256(json.dumps({k: manifest.get(k) for k in PLAN_KEYS}, sort_keys=True))
+
+
 def record_shards(out_dir: Path, manifest: dict, shards: dict[int, dict], *, complete: bool) -> dict:
-    """List the finished shards and their totals in the manifest, and write it."""
+    """List the finished shards and their totals in the manifest, and write it (a capture from before the
+    plan's digest was recorded gains it here: its plan was just held against the run's, `same_plan`)."""
     entries = [shards[k] for k in sorted(shards)]
     manifest.update(
         shards=entries,
@@ -145,6 +156,7 @@ def record_shards(out_dir: Path, manifest: dict, shards: dict[int, dict], *, com
         num_loss_tokens=sum(e["loss_tokens"] for e in entries),
         complete=complete,
     )
+    manifest.setdefault(PLAN_DIGEST, plan_digest(manifest))
     write_json(out_dir / MANIFEST, manifest)
     return manifest
 
@@ -395,6 +407,12 @@ def read_manifest(folder: Path) -> dict:
     problem = manifest_problem(manifest)
     if problem:
         raise FormatError(f"{path}: {problem}", "the manifest was edited or damaged: capture the data again")
+    if manifest.get(PLAN_DIGEST, plan_digest(manifest)) != plan_digest(manifest):
+        raise FormatError(f"{path}: its fields {', '.join(PLAN_KEYS[2:])} are not those the shards were captured "
+                          f"under (their digest is {plan_digest(manifest)[:16]}, {PLAN_DIGEST} recorded "
+                          f"{manifest[PLAN_DIGEST][:16]})", "the manifest was edited: restore it as captured (a "
+                          "changed capture_layers trains a draft wired to layers its features are not from), or "
+                          "capture the data again")
     return manifest
 
 
@@ -438,6 +456,8 @@ def manifest_problem(m: dict) -> str | None:
         return f"field {NORM_DIGEST!r} is {m[NORM_DIGEST]!r}, expected the digest eyas recorded (text)"
     if not isinstance(m.get("skipped_prompts"), list):
         return "field 'skipped_prompts' is not a list"
+    if not isinstance(m.get(PLAN_DIGEST, ""), str):
+        return f"field {PLAN_DIGEST!r} is {m[PLAN_DIGEST]!r}, expected the digest eyas recorded (text)"
     return None
 
 

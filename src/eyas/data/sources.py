@@ -31,7 +31,8 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,10 +136,7 @@ def clean(prompts: Iterable[Prompt], index: EvalIndex, counts: dict[str, int] | 
     counts = {} if counts is None else counts
     for p in prompts:
         counts["read"] = counts.get("read", 0) + 1
-        for u in [c for r, c in p.history if r == "user"] + [p.text]:
-            if u not in matches:
-                matches[u] = index.match(u)
-        hit = next((matches[c] for r, c in (*p.history, ("user", p.text)) if r == "user" and matches[c]), None)
+        hit = copied(p, index, matches)
         key = "\0".join(keys.get(c) or keys.setdefault(c, text_key(c)) for _, c in (*p.history, ("user", p.text)))
         why = f"eval_{hit[0]}" if hit else "duplicate" if key in seen else None
         if why:
@@ -146,6 +144,33 @@ def clean(prompts: Iterable[Prompt], index: EvalIndex, counts: dict[str, int] | 
             continue
         seen.add(key)
         yield p
+
+
+def copied(p: Prompt, index: EvalIndex, matches: dict[str, tuple[str, str] | None] | None = None
+           ) -> tuple[str, str] | None:
+    """What the prompt copies (EvalIndex.match) at the first of its user turns, context first, that copies an
+    evaluation text; None when none does. `matches` caches each message's match across prompts."""
+    matches = {} if matches is None else matches
+    for u in [c for r, c in p.history if r == "user"] + [p.text]:
+        if u not in matches:
+            matches[u] = index.match(u)
+        if matches[u]:
+            return matches[u]
+    return None
+
+
+def warn_copies(prompts: Sequence[Prompt], where: str | Path) -> None:
+    """A prompt file's prompts that copy an evaluation text, said in one warning. They are kept (the file is
+    the user's, and a capture of it resumes as before), but a draft trained on them is measured on its own
+    training data by `eyas eval --prompts mtbench`; the packaged sources drop them (`clean`)."""
+    index = eval_index()
+    hits = [(p, hit) for p in prompts if (hit := copied(p, index))]
+    if hits:
+        shown = "; ".join(f"{p.origin} copies {origin} ({how})" for p, (how, origin) in hits[:3])
+        more = f"; and {len(hits) - 3} more" if len(hits) > 3 else ""
+        warnings.warn(f"{where}: {len(hits)} of {len(prompts)} prompts copy an evaluation text ({shown}{more}): a "
+                      "draft trained on them is measured on its training data; remove them from the file",
+                      stacklevel=2)
 
 
 # --- ShareGPT sources ----------------------------------------------------------------------------
