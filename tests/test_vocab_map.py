@@ -166,3 +166,12 @@ def test_engines_are_said_to_have_no_map_where_t2d_is_stored_without_d2t(tmp_pat
         assert views["llamacpp"]["refused"] == ["reduced vocab without d2t: the loader sizes the lm_head by the "
                                                 "target vocab and fails"], case
     assert consumers(read_checkpoint(_stored(tmp_path, "no t2d")))["vllm"]["mismatches"] == []  # d2t is all they read
+
+
+def test_inspect_counts_no_vocab_map_among_the_parameters(tmp_path):
+    """d2t and t2d are token ids and a mask, not weights: the parameter count held their 57,344 elements too."""
+    from eyas.cli.checkpoint import tensor_summary
+
+    ck = read_checkpoint(_stored(tmp_path, "valid"))
+    assert tensor_summary(ck)["parameters"] == sum(t.numel() for n, t in ck.tensors.items() if n not in ("d2t", "t2d"))
+    assert tensor_summary(ck)["count"] == len(ck.tensors)  # still listed as tensors

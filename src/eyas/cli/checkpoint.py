@@ -43,7 +43,7 @@ def tensor_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
         dtypes[key] = dtypes.get(key, 0) + 1
     return {
         "count": len(stored),
-        "parameters": sum(t.numel() for t in stored.values()),
+        "parameters": sum(t.numel() for n, t in stored.items() if n not in ("d2t", "t2d")),  # ids, not weights
         "dtypes": dtypes,
         "weight_files": ckpt.weight_files,
         "naming": ckpt.weight_naming,

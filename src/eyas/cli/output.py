@@ -37,7 +37,9 @@ def warning_said(message: str) -> None:
         _held.append(message)
         return
     _said.append(message)
-    print(f"warning: {message}", file=sys.stderr)
+    from tqdm import tqdm
+
+    tqdm.write(f"warning: {message}", file=sys.stderr)  # on its own line, above a progress bar being drawn
 
 
 @contextmanager

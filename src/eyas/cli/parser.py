@@ -193,7 +193,8 @@ def _checkpoint_verbs(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_target(p, use="the draft's vocab, width, depth and context are checked against it")
     p.add_argument("--engine", choices=CONSUMERS, help="the engine that will serve the draft: where it would "
                    "wire the draft otherwise than its contract says, or refuse it, that is a problem (exit 1), "
-                   "not a warning (default: none; every engine's view is a warning)")
+                   "not a warning (default: none: where an engine would wire it otherwise, a warning; "
+                   "inspect shows what each engine loads)")
     add_reading(p, progress=False)
 
     p = command("convert", cmd_convert, "rewrite a draft as speculators, eagle or both formats (lossless)")
