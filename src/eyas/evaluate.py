@@ -441,8 +441,10 @@ def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
         )
     if info.layers_recorded:
         return
+    from eyas.data.caches.specforge import trained_reading  # the readers load only when a cache is given
+
     print(f"eyas: {info.format} cache {info.path}: {info.layers_note}", file=sys.stderr)
-    trained = _as_trained(info, config, layers)
+    trained = trained_reading(config.parent, info, layers)
     if info.capture_layers is not None and (tuple(info.capture_layers) != layers or trained):
         assumed = "the assumed layers" if tuple(info.capture_layers) == layers \
             else f"not the assumed {list(info.capture_layers)}"
@@ -450,13 +452,6 @@ def _check_layers(info: CacheInfo, layers: tuple[int, ...], config) -> None:
                       "cache held the draft's layers", stacklevel=2)
     print(f"eyas: to confirm the cache's layers, run: eyas doctor DRAFT --features {info.path} --target "
           "FULL_TARGET_FOLDER (matches the cache against the target's own states)", file=sys.stderr)
-
-
-def _as_trained(info: CacheInfo, config, layers: tuple[int, ...]) -> str:
-    """SpecForge's reading of the draft's folder, said in the one warning on the cache's layers."""
-    from eyas.data.caches.specforge import trained_reading
-
-    return trained_reading(config.parent, info.capture_layers, layers) if info.format == "specforge" else ""
 
 
 def plot_report(report: dict, path) -> None:

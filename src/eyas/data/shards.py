@@ -407,10 +407,10 @@ def read_manifest(folder: Path) -> dict:
     problem = manifest_problem(manifest)
     if problem:
         raise FormatError(f"{path}: {problem}", "the manifest was edited or damaged: capture the data again")
-    if manifest.get(PLAN_DIGEST, plan_digest(manifest)) != plan_digest(manifest):
+    recorded = manifest.get(PLAN_DIGEST)  # absent: a capture from before it was recorded
+    if recorded is not None and recorded != (now := plan_digest(manifest)):
         raise FormatError(f"{path}: its fields {', '.join(PLAN_KEYS[2:])} are not those the shards were captured "
-                          f"under (their digest is {plan_digest(manifest)[:16]}, {PLAN_DIGEST} recorded "
-                          f"{manifest[PLAN_DIGEST][:16]})", "the manifest was edited: restore it as captured (a "
+                          f"under (their digest is {now[:16]}, {PLAN_DIGEST} recorded {recorded[:16]})", "the manifest was edited: restore it as captured (a "
                           "changed capture_layers trains a draft wired to layers its features are not from), or "
                           "capture the data again")
     return manifest

@@ -113,8 +113,7 @@ def cache_notes(info: CacheInfo, at_hand: bool, layers: tuple[int, ...], draft: 
     """What was assumed about the cache, and how to confirm it."""
     from eyas.data.caches.specforge import trained_reading
 
-    trained = trained_reading(draft, info.capture_layers, layers) if info.format == "specforge" else ""
-    notes = [f"feature cache ({info.format}): {info.layers_note}{trained}"]
+    notes = [f"feature cache ({info.format}): {info.layers_note}{trained_reading(draft, info, layers)}"]
     if info.layers_recorded:
         return notes
     if at_hand:

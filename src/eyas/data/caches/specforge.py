@@ -76,11 +76,13 @@ def layers_for_draft(folder: Path) -> tuple[str, tuple[int, ...]] | None:
     return None
 
 
-def trained_reading(folder: Path, assumed: Sequence[int] | None, layers: tuple[int, ...]) -> str:
-    """Where the draft folder names other layers than a reader assumed, the layers a SpecForge cache made
-    with its config holds, as a clause for the one warning or note that states the cache's layers (the
-    seed's fault: ids written as capture indices, which SpecForge and SGLang read as outputs of layers)."""
-    named = layers_for_draft(folder)
+def trained_reading(folder: Path, info: CacheInfo, layers: tuple[int, ...]) -> str:
+    """Where the cache is SpecForge's and the draft folder names other layers than its reader assumed, the
+    layers a cache made with that config holds, as a clause for the one warning or note that states the
+    cache's layers (the seed's fault: ids written as capture indices, which SpecForge and SGLang read as
+    outputs of layers); "" otherwise."""
+    assumed = info.capture_layers
+    named = layers_for_draft(folder) if info.format == FORMAT else None
     if named is None or assumed is None or named[1] == tuple(assumed):
         return ""
     same = ", the draft's own" if named[1] == layers else ""
