@@ -407,6 +407,18 @@ def test_eyas_eagle_output_wires_every_engine_as_the_contract(tmp_path):
     assert [m["warning"] for m in legacy["mismatches"]] == ["uses norm_before_residual=False, the contract says True"]
 
 
+def test_engines_that_attend_over_every_token_name_the_window_they_drop(tmp_path):
+    """vLLM applies a sliding-window draft layer's window; llama.cpp's EAGLE-3 graph and SGLang's LlamaAttention
+    (RadixAttention without sliding_window_size) attend over every token. SGLang's said nothing."""
+    c = tiny_contract(sliding_window=4, capture_layers=(2, 3, 5))  # ids every engine reads alike
+    write_checkpoint(tmp_path / "e", c, random_tensors(c), "eagle")
+    cons = consumers(read_checkpoint(tmp_path / "e"))
+    for name in ("llamacpp", "sglang", "sglang_legacy"):
+        assert [m["code"] for m in cons[name]["mismatches"]] == ["consumer_full_attention"], name
+        assert "its last 4 tokens" in cons[name]["mismatches"][0]["warning"]
+    assert cons["vllm"]["mismatches"] == [] and any("last 4 tokens" in n for n in cons["vllm"]["notes"])
+
+
 def test_embeddings_and_vocab_map_wiring(tmp_path):
     c = tiny_contract(capture_layers=(2, 3, 5), has_embeddings=True, draft_vocab_size=256)
     write_checkpoint(tmp_path / "e", c, random_tensors(c), "eagle")

@@ -24,7 +24,7 @@ import eyas.devices as devices
 from eyas.contract import default_capture_layers
 from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.data.prompts import _json_array_items
-from eyas.data.shards import MANIFEST, NORM_DIGEST, plan_digest, text_sha256
+from eyas.data.shards import MANIFEST, NORM_DIGEST, TOTALS, plan_digest, text_sha256
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.shift import shift_for_draft
 from eyas.target import Target, TargetRef
@@ -439,6 +439,12 @@ def test_open_shards_bad_manifest(tmp_path):
         open_shards(tmp_path)
 
 
+def as_recorded(m: dict) -> dict:
+    """`m` with its totals summed from its shard entries, as eyas records them (`record_shards`): what a
+    capture stopped at that entry list would hold."""
+    return m | {k: sum(e[key] for e in m["shards"]) for k, key in TOTALS.items()}
+
+
 def copy_capture(src: Path, dst: Path) -> Path:
     dst.mkdir()
     for f in src.iterdir():
@@ -464,7 +470,7 @@ def test_shard_that_disagrees_with_the_manifest_is_skipped(tmp_path, captured):
     out = copy_capture(captured, tmp_path / "out")
     m = json.loads((out / "manifest.json").read_text())
     m["shards"][0]["samples"] = 1  # as if the shard on disk had been replaced
-    write(out / "manifest.json", json.dumps(m))
+    write(out / "manifest.json", json.dumps(as_recorded(m)))
     with pytest.warns(UserWarning, match="shard_00000.safetensors: does not match its manifest entry"):
         d = open_shards(out)
     assert len(d) == 3
@@ -518,7 +524,7 @@ def test_resume_keeps_finished_shards_and_continues(tmp_path, target, monkeypatc
     (out / "shard_00001.safetensors").unlink()  # a shard finished but lost: recomputed, the rest kept
     m = json.loads((out / "manifest.json").read_text())
     m["shards"] = [e for e in m["shards"] if e["index"] != 1]
-    write(out / "manifest.json", json.dumps(m))
+    write(out / "manifest.json", json.dumps(as_recorded(m)))
     run_capture(target, out)
     assert calls == [1]
     fresh = run_capture(target, tmp_path / "fresh")
@@ -554,7 +560,7 @@ def test_unrecorded_finished_shard_is_adopted(tmp_path, target, monkeypatch):
     run_capture(target, out)
     m = json.loads((out / "manifest.json").read_text())
     m["shards"], m["complete"] = m["shards"][:1], False
-    write(out / "manifest.json", json.dumps(m))
+    write(out / "manifest.json", json.dumps(as_recorded(m)))
     monkeypatch.setattr(capturing, "_capture_samples", lambda *a, **kw: pytest.fail("recomputed a finished shard"))
     assert run_capture(target, out)["num_samples"] == 5
 
@@ -565,10 +571,10 @@ def test_version_1_capture_reads_and_resumes(tmp_path, target, monkeypatch):
     out = tmp_path / "out"
     run_capture(target, out)
     m = json.loads((out / "manifest.json").read_text())
-    write(out / "manifest.json", json.dumps({
+    write(out / "manifest.json", json.dumps(as_recorded({
         **{k: v for k, v in m.items() if k != "plan_sha256"}, "format_version": 1, "shards": m["shards"][:1],
         "complete": False,
-        "generation": {**m["generation"], "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0}}))
+        "generation": {**m["generation"], "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0}})))
     with pytest.warns(UserWarning, match="incomplete"):
         assert len(open_shards(out)) == 2
     (out / "shard_00002.safetensors").unlink()
@@ -676,7 +682,9 @@ def test_bad_numbers_in_a_shard_are_named_with_file_key_and_position(tmp_path, c
     (lambda m: m.update(dtype="int8"), "field 'dtype'"),
     (lambda m: m["shards"][0].update(file="../../elsewhere.safetensors"), "shards[0] is not an entry eyas wrote"),
     (lambda m: m["shards"][1].update(samples="2"), "shards[1] is not an entry eyas wrote"),
-    (lambda m: m.update(shards=[]), "no shard is finished"),
+    (lambda m: m.update(as_recorded(m | {"shards": []})), "no shard is finished"),
+    (lambda m: m.update(num_samples=m["num_samples"] + 1), "field 'num_samples' is 6, its shards' entries sum to 5"),
+    (lambda m: m.update(num_loss_tokens=0), "field 'num_loss_tokens' is 0, its shards' entries sum to"),
 ])
 def test_a_damaged_manifest_is_refused_naming_the_field(tmp_path, captured, edit, says):
     out = copy_capture(captured, tmp_path / "out")

@@ -46,9 +46,10 @@ from eyas.doctor import (
     read_dump,
 )
 from eyas.doctor.capture import capture_tokens
+from eyas.doctor import search
 from eyas.doctor.hypotheses import layer_moves
-from eyas.doctor.stats import (MIN_GAIN_LOGPROB, decidable, detectable, held_back, loses_acceptance, signed_rank,
-                               smallest_p)
+from eyas.doctor.stats import (ACCEPTANCE_ALPHA, MIN_GAIN_LOGPROB, decidable, detectable, held_back,
+                               loses_acceptance, signed_rank, smallest_p)
 from eyas.errors import FormatError
 from eyas.formats import IDS, read_checkpoint, sglang_layer_ids
 from eyas.machine import runs_on
@@ -444,6 +445,8 @@ def test_a_wiring_that_loses_acceptance_never_wins():
     assert t["p_logprob"] < 1e-20 and t["p_kl"] < 1e-20 and t["p_depth1_worse"] < 1e-6
     assert loses_acceptance(t) and not beats(t, tests=50)
     assert not loses_acceptance(paired_test(base, base))  # equal acceptance is no loss
+    row = search._row(1, "smoothed", "smoothed", alt, t, 50, False)  # its JSON row shows the p that decided
+    assert row["loses_acceptance"] and min(row["p_depth1_worse"], row["p_chain_worse"]) < ACCEPTANCE_ALPHA
 
 
 def test_detectable_effect_shrinks_with_positions():

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eyas.acceptance import chain_acceptance, top_ids, tree_tau
+from eyas.acceptance import chain_acceptance, counted, top_ids, tree_tau
 from eyas.evaluate import chain_truth
 
 
@@ -40,7 +40,7 @@ def test_chain_acceptance_counts_conditional_rates_and_tau():
     truth = torch.tensor([[1, 2, 3]] * 4)
     valid = torch.ones(4, 3, dtype=torch.bool)
     pred = torch.tensor([[1, 2, 3], [1, 2, 0], [1, 0, 3], [0, 2, 3]])
-    m = chain_acceptance(pred, truth, valid)
+    m = chain_acceptance(pred, truth, valid, ~valid)
     assert m["acceptance_by_depth"] == pytest.approx([0.75, 2 / 3, 0.5])
     assert m["depth_counts"] == [4, 3, 2]
     # accepted tokens with k=3: 3, 2, 1, 0 -> tau = 1 + 1.5
@@ -50,45 +50,72 @@ def test_chain_acceptance_counts_conditional_rates_and_tau():
 
 def test_chain_acceptance_with_nothing_reached_is_nan_not_zero():
     m = chain_acceptance(torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 2, dtype=torch.long),
-                         torch.ones(2, 2, dtype=torch.bool))
+                         torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2, dtype=torch.bool))
     assert m["acceptance_by_depth"][0] == 0.0
     assert math.isnan(m["acceptance_by_depth"][1])
     assert m["tau_chain"]["2"] == 1.0
 
 
 def test_tau_chain_uses_one_set_of_starts_so_it_never_falls_with_k():
-    """A chain near the end of an answer is valid at depth 1 only. Counted for k=1 but not k=2 (a
-    set of starts per k), its accepted token raised tau(1) above tau(2): tau fell as k grew."""
+    """A chain valid at depth 1 only, the other valid at both. Counted for k=1 but not k=2 (a set of
+    starts per k), its accepted token raised tau(1) above tau(2): tau fell as k grew. Where the answer
+    ends after depth 1, decoding cuts the chain there: it counts at every k, with the token it accepted.
+    Where the stored answer leaves the target's greedy path (truth unknown), it counts at no k."""
     truth = torch.tensor([[1, 2], [1, 2]])
     pred = torch.tensor([[1, 0], [0, 0]])  # the short chain is right at depth 1, the other is wrong
     valid = torch.tensor([[True, False], [True, True]])
-    m = chain_acceptance(pred, truth, valid)
-    assert m["tau_chain"] == {"1": 1.0, "2": 1.0}  # per-k starts gave {"1": 1.5, "2": 1.0}
-    assert m["acceptance_by_depth"][0] == 0.5  # conditional acceptance still counts every valid start
+    ends = torch.tensor([[False, True], [False, False]])
+    cut = chain_acceptance(pred, truth, valid, ends)
+    assert cut["tau_chain"] == {"1": 1.5, "2": 1.5}  # as a run at --depth 1 measures tau(1)
+    assert chain_acceptance(pred[:, :1], truth[:, :1], valid[:, :1], ends[:, :1])["tau_chain"] == {"1": 1.5}
+    unknown = chain_acceptance(pred, truth, valid, torch.zeros_like(ends))
+    assert unknown["tau_chain"] == {"1": 1.0, "2": 1.0}  # per-k starts gave {"1": 1.5, "2": 1.0}
+    assert unknown["acceptance_by_depth"][0] == cut["acceptance_by_depth"][0] == 0.5  # every valid start
+
+
+def _chains(n: int, depth: int, seed: int, unknown: float) -> tuple[torch.Tensor, ...]:
+    """pred, truth, valid, ended [n, depth] of random chains: each answer ends after a random depth (or
+    later), and with probability `unknown` per depth the stored answer leaves the target's greedy path."""
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.randint(0, 3, (n, depth), generator=g)
+    pred = torch.randint(0, 3, (n, depth), generator=g)
+    ended = torch.arange(depth) >= torch.randint(1, depth + 2, (n, 1), generator=g)
+    known = torch.cummin(torch.rand(n, depth, generator=g) >= unknown, dim=1).values
+    return pred, truth, known & ~ended, ended
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**32 - 1))
 def test_tau_chain_is_non_decreasing_in_k(n, depth, seed):
-    g = torch.Generator().manual_seed(seed)
-    truth = torch.randint(0, 3, (n, depth), generator=g)
-    pred = torch.randint(0, 3, (n, depth), generator=g)
-    valid = torch.cummin(torch.rand(n, depth, generator=g) < 0.8, dim=1).values  # a prefix per start
-    tau = chain_acceptance(pred, truth, valid)["tau_chain"]
+    pred, truth, valid, ended = _chains(n, depth, seed, unknown=0.2)
+    tau = chain_acceptance(pred, truth, valid, ended)["tau_chain"]
     values = [tau[str(k)] for k in range(1, depth + 1)]
-    if valid[:, -1].any():
+    if counted(valid, ended, depth).any():
         assert all(a <= b for a, b in zip(values, values[1:])), values
         assert 1.0 <= values[0] and values[-1] <= depth + 1
     else:
         assert all(math.isnan(v) for v in values)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 6), st.integers(2, 6), st.integers(0, 2**32 - 1))
+def test_tau_at_k_is_the_same_whatever_the_depth_measured(n, depth, seed):
+    """Where the stored answers are the target's greedy ones, tau(k) does not depend on --depth: eval
+    (depth 8), the doctor and training's held-out report (depth 5) give one figure for tau(5)."""
+    pred, truth, valid, ended = _chains(n, depth, seed, unknown=0.0)
+    deep = chain_acceptance(pred, truth, valid, ended)["tau_chain"]
+    for k in range(1, depth):
+        assert chain_acceptance(pred[:, :k], truth[:, :k], valid[:, :k], ended[:, :k])["tau_chain"][str(k)] \
+            == pytest.approx(deep[str(k)])
+        assert tree_tau(pred[..., None], truth, valid, ended, k) == pytest.approx(deep[str(k)])  # top-1 tree: chain
+
+
 def test_tree_tau_accepts_the_true_token_anywhere_in_the_top_k():
     truth = torch.tensor([[1, 2]])
     valid = torch.ones(1, 2, dtype=torch.bool)
     topk = torch.tensor([[[9, 1], [2, 9]]])  # right at rank 2, then at rank 1
-    assert tree_tau(topk, truth, valid, depth=2) == 3.0
-    assert tree_tau(topk[..., :1], truth, valid, depth=2) == 1.0
+    assert tree_tau(topk, truth, valid, ~valid, depth=2) == 3.0
+    assert tree_tau(topk[..., :1], truth, valid, ~valid, depth=2) == 1.0
 
 
 # --- end to end on a tiny target: alignment with the data's label shift, and the CLI ---------------
@@ -157,8 +184,10 @@ def test_an_oracle_draft_is_accepted_at_every_depth(tiny):
                            tree_depth=3)
     assert rep["tokens"] > 15
     assert rep["acceptance_by_depth"] == [1.0] * 4
-    for k, tau in rep["tau_chain"].items():
-        assert tau == pytest.approx(int(k) + 1)
+    n = rep["depth_counts"]  # every start counts (greedy answers), each chain cut where its answer ends
+    assert rep["chain_starts"] == n[0] == rep["tokens"] and n[-1] < n[0]
+    for k, tau in rep["tau_chain"].items():  # every token up to the answer's end accepted
+        assert tau == pytest.approx(1 + sum(n[: int(k)]) / n[0])
     assert rep["coverage"] == 1.0
 
 
@@ -267,7 +296,8 @@ def test_eval_against_a_second_draft_reports_both_and_their_paired_difference(ti
     same = evaluate_samples(right, inner(open_shards(shards), 3), lm_head, depth=3, against=right)
     assert same["against"]["difference"]["tau_tree"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
     lo, hi = rep["ci95"]["tau_chain"]["3"]
-    assert lo == hi == 4.0  # the oracle is right everywhere: every resample gives tau 4
+    n, tau = rep["depth_counts"], rep["tau_chain"]["3"]  # the oracle accepts every token up to the answers' ends
+    assert tau == pytest.approx(1 + sum(n) / n[0]) and lo <= tau <= hi <= 4.0
 
     draft = tmp_path / "draft"
     assert main(["init", str(draft), "--target", str(folder), "--capture-layers", "1,2,4"]) == 0
@@ -444,7 +474,10 @@ def test_sample_predictions_equal_the_full_unroll_at_the_chain_starts(tiny, monk
             assert torch.equal(got["topk"], d.to_target_ids(logits.topk(3, dim=-1).indices))
         else:
             torch.testing.assert_close(got["measured"], logits, rtol=1e-5, atol=1e-5)
-        assert torch.equal(got["truth"], truth[: T - 1][starts]) and torch.equal(got["valid"], valid[: T - 1][starts])
+        pos = torch.arange(T - 1)[starts][:, None] + 2 + torch.arange(4)  # the token each depth drafts: x_{t+2+j}
+        answered = torch.cummin((pos < T) & sample["loss_mask"].bool()[pos.clamp(max=T - 1)], dim=1).values
+        assert torch.equal(got["truth"], truth[: T - 1][starts]) and torch.equal(got["ended"], ~answered)
+        assert torch.equal(got["valid"], valid[: T - 1][starts] & answered)  # no truth past the answer's end
 
 
 def test_eval_of_the_shipped_draft_is_identical_with_rows_and_pruning(tmp_path, monkeypatch):

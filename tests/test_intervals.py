@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eyas.acceptance import chain_acceptance, difference, figures, sample_counts, stacked, tree_tau
-from eyas.intervals import ratio_intervals, resample_weights
+from eyas.intervals import FEW, ratio_intervals, resample_weights
 
 
 def test_resample_weights_draw_each_resample_as_many_samples_as_there_are_and_repeat_with_the_seed():
@@ -72,8 +72,9 @@ def test_a_paired_difference_is_narrower_than_either_interval_and_zero_against_i
 def _part(n: int, depth: int, top_k: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     truth = torch.randint(0, 3, (n, depth), generator=g)
     topk = torch.randint(0, 3, (n, depth, top_k), generator=g)
-    valid = torch.cummin(torch.rand(n, depth, generator=g) < 0.85, dim=1).values
-    return {"truth": truth, "valid": valid, "topk": topk, "pred": topk[..., 0],
+    ended = torch.arange(depth) >= torch.randint(1, depth + 2, (n, 1), generator=g)  # the answer ends
+    valid = torch.cummin(torch.rand(n, depth, generator=g) < 0.85, dim=1).values & ~ended
+    return {"truth": truth, "valid": valid, "ended": ended, "topk": topk, "pred": topk[..., 0],
             "in_vocab": torch.rand(n, generator=g) < 0.9}
 
 
@@ -85,17 +86,17 @@ def test_figures_from_per_sample_counts_equal_the_figures_over_all_positions(siz
     tree_depth = min(3, depth)
     rep = figures(stacked([sample_counts(p, tree_depth) for p in parts]), 2, tree_depth)
     cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    whole = chain_acceptance(cat["pred"], cat["truth"], cat["valid"])
+    whole = chain_acceptance(cat["pred"], cat["truth"], cat["valid"], cat["ended"])
     for got, want in zip(rep["acceptance_by_depth"] + list(rep["tau_chain"].values()),
                          whole["acceptance_by_depth"] + list(whole["tau_chain"].values())):
         assert got == pytest.approx(want, nan_ok=True)
     assert rep["depth_counts"] == whole["depth_counts"]
-    assert rep["tau_tree"]["tau"] == pytest.approx(tree_tau(cat["topk"], cat["truth"], cat["valid"], tree_depth),
-                                                   nan_ok=True)
+    tree = tree_tau(cat["topk"], cat["truth"], cat["valid"], cat["ended"], tree_depth)
+    assert rep["tau_tree"]["tau"] == pytest.approx(tree, nan_ok=True)
     assert rep["tokens"] == sum(sizes)
     assert rep["coverage"] == pytest.approx(float(cat["in_vocab"].double().mean()) if sum(sizes) else math.nan,
                                             nan_ok=True)
-    assert rep["ci95"]["samples"] == len(sizes)
+    assert rep["ci95"]["samples"] == len(sizes) and rep["ci95"]["too_narrow"] == (len(sizes) < FEW)
 
 
 def test_the_intervals_are_of_the_figures_reported():

@@ -53,7 +53,8 @@ def test_rows_are_independent_and_tau_multiplies_along_depth():
     alpha = torch.tensor([[0.5, 0.5, 0.5], [1.0, 0.0, 1.0]])
     valid = torch.tensor([[True, True, True], [True, True, False]])
     assert expected_tau(alpha, valid, 1) == pytest.approx(1 + (0.5 + 1.0) / 2)
-    assert expected_tau(alpha, valid, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)  # the second start ends at 2
+    # the second start's answer ends after 2 depths: its chain is cut there, as decoding cuts it, and counts
+    assert expected_tau(alpha, valid, 3) == pytest.approx(1 + (0.5 + 0.25 + 0.125 + 1.0) / 2)
     assert math.isnan(expected_tau(alpha, torch.zeros(2, 3, dtype=torch.bool), 1))
 
 

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import random_tensors, tiny_contract
+from eyas.cli import main
 from eyas.drafter import check_vocab_map
 from eyas.errors import ContractError
 from eyas.formats import convert_checkpoint, read_checkpoint, vocab_map_problems, write_checkpoint
@@ -113,7 +114,7 @@ def _stored(tmp_path, case: str):
 
 @pytest.mark.parametrize("case, codes", [("no t2d", ["t2d_derived"]), ("d2t int32", ["d2t_cast"]),
                                          ("t2d uint8", ["t2d_cast"])])
-def test_a_map_engines_serve_is_completed_on_read(tmp_path, case, codes):
+def test_a_map_engines_serve_is_completed_on_read(tmp_path, capsys, case, codes):
     """Engines read d2t alone and cast it on load: a valid d2t without t2d, or as int32, is served as
     intended, so eyas reads it whole (saying so) instead of refusing it, and convert stores it whole."""
     valid = vocab_map_cases()["valid"]
@@ -124,6 +125,10 @@ def test_a_map_engines_serve_is_completed_on_read(tmp_path, case, codes):
     _, written = convert_checkpoint(ck.path, tmp_path / "out", "eagle")
     assert not {w["code"] for w in read_checkpoint(written.path).warnings} & set(VOCAB_MAP_COMPLETED)
     assert set(codes) <= set(VOCAB_MAP_COMPLETED)  # convert says "completed as warned", not "bit-identical"
+    for src, completed in ((ck.path, True), (written.path, False)):  # and its JSON says which it was
+        out = str(tmp_path / f"json_{completed}")
+        assert main(["convert", str(src), out, "--format", "speculators", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["vocab_map_completed"] is completed
 
 
 @pytest.mark.parametrize("case, stored, said", [
@@ -134,8 +139,6 @@ def test_a_map_engines_serve_is_completed_on_read(tmp_path, case, codes):
 def test_inspect_lists_the_map_as_stored_and_says_what_was_completed(tmp_path, capsys, case, stored, said):
     """inspect listed the completed map as the file's: a t2d the file lacks among its tensors (one more than
     it holds), a d2t stored int32 as int64, beside the warning that said otherwise."""
-    from eyas.cli import main
-
     main(["inspect", str(_stored(tmp_path, case)), "--json"])
     t = json.loads(capsys.readouterr().out)["tensors"]
     assert {k: v["dtype"] for k, v in t["tensors"].items() if k in ("d2t", "t2d")} == stored
@@ -166,6 +169,21 @@ def test_engines_are_said_to_have_no_map_where_t2d_is_stored_without_d2t(tmp_pat
         assert views["llamacpp"]["refused"] == ["reduced vocab without d2t: the loader sizes the lm_head by the "
                                                 "target vocab and fails"], case
     assert consumers(read_checkpoint(_stored(tmp_path, "no t2d")))["vllm"]["mismatches"] == []  # d2t is all they read
+
+
+def test_speculators_is_said_to_need_both_halves_of_the_map(tmp_path):
+    """speculators 0.9.0's from_pretrained (run on these files, with a local verifier) loads a t2d-only draft with
+    its d2t buffer as allocated (not the map: 35 of 64 entries nonzero in one run), and raises a size mismatch on a
+    d2t-only one (its t2d, as allocated, picks the lm_head rows). eyas said it loads both as intended."""
+    from eyas.check.consumers import consumers
+
+    t2d_only = consumers(read_checkpoint(_stored(tmp_path, "no d2t"), strict=False))["speculators"]
+    assert t2d_only["loads"] and [m["code"] for m in t2d_only["mismatches"]] == ["consumer_no_vocab_map"]
+    for case in ("no t2d", "none"):
+        view = consumers(read_checkpoint(_stored(tmp_path, case), strict=False))["speculators"]
+        assert not view["loads"] and "no t2d in the file" in view["refused"][0], case
+        assert [(m["code"], m["field"]) for m in view["mismatches"]] == [("consumer_cannot_load", "t2d")], case
+    assert consumers(read_checkpoint(_stored(tmp_path, "valid")))["speculators"]["mismatches"] == []
 
 
 def test_inspect_counts_no_vocab_map_among_the_parameters(tmp_path):

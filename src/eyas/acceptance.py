@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
+from eyas.intervals import how_made, paired_differences, shifted_intervals
 
 
 def top_ids(scores: Tensor, k: int) -> Tensor:
@@ -45,35 +45,47 @@ def accepted_chains(pred: Tensor, truth: Tensor, valid: Tensor) -> Tensor:
     return torch.cummin(((pred == truth) & valid).int(), dim=1).values.bool()
 
 
-def chain_counts(pred: Tensor, truth: Tensor, valid: Tensor) -> dict[str, Tensor]:
+def counted(valid: Tensor, ended: Tensor, depth: int) -> Tensor:
+    """[N] bool: the chain starts a tau of `depth` levels counts, those whose target tokens are known
+    through that depth or up to their answer's end (`ended` [N, K]: the token the depth drafts lies past it).
+
+    A chain near the end is cut there, as decoding cuts it, and still counts: so every start of an
+    answer that follows the target's greedy path counts, whatever the depth measured, and tau(k) is the
+    same number at every --depth >= k, in eval, the doctor and training's held-out report alike.
+    Left out: starts whose stored answer leaves the target's greedy path within `depth` (a sampled
+    answer, or a near-tie rounded the other way), where what the target would have said is unknown."""
+    return (valid[:, :depth] | ended[:, :depth]).all(1)
+
+
+def chain_counts(pred: Tensor, truth: Tensor, valid: Tensor, ended: Tensor) -> dict[str, Tensor]:
     """The counts behind `chain_acceptance` (additive over starts, so over samples): hit [K], the
     starts accepted through depth j; reached [K], those accepted through j - 1 and valid at j; run
-    [K], accepted tokens within the first k over the starts valid through depth K; starts, how many
+    [K], accepted tokens within the first k over the starts `counted` at depth K; starts, how many
     of those there are."""
     K = pred.shape[1]
     accepted = accepted_chains(pred, truth, valid)
     reached = torch.ones_like(accepted)
     reached[:, 1:] = accepted[:, :-1]
     reached &= valid  # hit[j] counts accepted[:, j], which lies inside reached[:, j]
-    rows = valid[:, K - 1]
+    rows = counted(valid, ended, K)
     return {"hit": accepted.sum(0), "reached": reached.sum(0), "run": accepted[rows].sum(0).cumsum(0),
             "starts": rows.sum()}
 
 
-def chain_acceptance(pred: Tensor, truth: Tensor, valid: Tensor) -> dict:
+def chain_acceptance(pred: Tensor, truth: Tensor, valid: Tensor, ended: Tensor) -> dict:
     """Per-depth conditional acceptance and greedy chain tau from teacher-forced predictions.
 
-    pred/truth/valid: [N, K] (target-vocab ids; N chain starts; K depths). A chain start counts
-    for depth j only if it is valid there. accepted[n, j] = all drafted tokens 0..j were right.
-    Returns acceptance_by_depth (P(depth j right | depths < j right), depth 1 first), tau_chain
-    ({"1": .., "K": ..}: 1 + expected accepted tokens with k drafted, the bonus token included)
-    and the counts behind them.
+    pred/truth/valid/ended: [N, K] (target-vocab ids; N chain starts; K depths; `ended`: past the
+    answer's end). A chain start counts for depth j only if it is valid there. accepted[n, j] = all
+    drafted tokens 0..j were right. Returns acceptance_by_depth (P(depth j right | depths < j right),
+    depth 1 first), tau_chain ({"1": .., "K": ..}: 1 + expected accepted tokens with k drafted, the
+    bonus token included) and the counts behind them.
 
-    Every tau_chain[k] is measured over ONE set of chain starts, those valid through depth K: with
-    a set per k, the starts near an answer's end (short chains, often accepted) drop out as k grows
-    and tau could fall with k, which no decoder does. Over one set, tau is non-decreasing in k.
+    Every tau_chain[k] is measured over ONE set of chain starts (`counted` at depth K), each chain cut
+    at its answer's end: with a set per k, starts would drop out as k grows and tau could fall with k,
+    which no decoder does. Over one set, tau is non-decreasing in k.
     """
-    return _chain_report(chain_counts(pred, truth, valid))
+    return _chain_report(chain_counts(pred, truth, valid, ended))
 
 
 def _ratio(num: float, den: float, plus: float = 0.0) -> float:
@@ -86,16 +98,16 @@ def _chain_report(c: dict[str, Tensor]) -> dict:
             "tau_chain": {str(k): _ratio(run[k - 1], n, 1.0) for k in range(1, len(run) + 1)}, "chain_starts": n}
 
 
-def tree_counts(topk_ids: Tensor, truth: Tensor, valid: Tensor, depth: int) -> Tensor:
+def tree_counts(topk_ids: Tensor, truth: Tensor, valid: Tensor, ended: Tensor, depth: int) -> Tensor:
     """[2]: the tokens a top-k tree of `depth` levels accepts along the target's greedy path, summed
-    over the starts valid through that depth, and how many those starts are (see `tree_tau`)."""
+    over the starts `counted` at that depth, and how many those starts are (see `tree_tau`)."""
     hit = (topk_ids[:, :depth] == truth[:, :depth, None]).any(-1) & valid[:, :depth]
     accepted = torch.cummin(hit.int(), dim=1).values
-    rows = valid[:, depth - 1]
+    rows = counted(valid, ended, depth)
     return torch.stack([accepted[rows].sum(), rows.sum()])
 
 
-def tree_tau(topk_ids: Tensor, truth: Tensor, valid: Tensor, depth: int) -> float:
+def tree_tau(topk_ids: Tensor, truth: Tensor, valid: Tensor, ended: Tensor, depth: int) -> float:
     """Tau of a top-k tree of `depth` levels, measured along the target's greedy path.
 
     topk_ids: [N, K, k] the draft's k best target-vocab ids at each depth, teacher-forced along the
@@ -103,16 +115,17 @@ def tree_tau(topk_ids: Tensor, truth: Tensor, valid: Tensor, depth: int) -> floa
     every level up to j. This is what a full top-k tree of that depth accepts; an EAGLE-2 dynamic
     tree with a smaller node budget accepts at most this (an upper bound for it).
     """
-    accepted, starts = tree_counts(topk_ids, truth, valid, depth).tolist()
+    accepted, starts = tree_counts(topk_ids, truth, valid, ended, depth).tolist()
     return _ratio(accepted, starts, 1.0)
 
 
 def sample_counts(part: dict[str, Tensor], tree_depth: int) -> dict[str, Tensor]:
     """One sample's counts from `eyas.evaluate.sample_predictions`' output: `chain_counts`, the tree's
     (`tree_counts`: tree_hit, tree_starts) and the draft vocab's (in_vocab, positions)."""
-    tree = tree_counts(part["topk"], part["truth"], part["valid"], tree_depth)
-    return {**chain_counts(part["pred"], part["truth"], part["valid"]), "tree_hit": tree[0], "tree_starts": tree[1],
-            "in_vocab": part["in_vocab"].sum(), "positions": torch.tensor(part["truth"].shape[0])}
+    tree = tree_counts(part["topk"], part["truth"], part["valid"], part["ended"], tree_depth)
+    chain = chain_counts(part["pred"], part["truth"], part["valid"], part["ended"])
+    return chain | {"tree_hit": tree[0], "tree_starts": tree[1], "in_vocab": part["in_vocab"].sum(),
+                    "positions": torch.tensor(part["truth"].shape[0])}
 
 
 def stacked(counts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -148,9 +161,8 @@ def _named(values: list) -> dict:
 def _intervals(c: dict[str, Tensor]) -> dict:
     """The report's ci95: the headline figures' 95% intervals, with how they were made."""
     num, den = _headline(c)
-    about = {"samples": c["positions"].shape[0], "resamples": RESAMPLES,
-             "method": "percentile bootstrap over whole samples"}
-    return about | _named(shifted_intervals(num, den, [0.0] + [1.0] * (num.shape[1] - 1)))  # tau = 1 + the ratio
+    bounds = shifted_intervals(num, den, [0.0] + [1.0] * (num.shape[1] - 1))  # tau = 1 + the ratio
+    return how_made(c["positions"].shape[0]) | _named(bounds)
 
 
 def difference(counts: dict[str, Tensor], other: dict[str, Tensor]) -> dict:

@@ -150,9 +150,10 @@ CODES: dict[str, Code] = {
     "consumer_lm_head_replaced": _warning(None, "an engine serves the target's lm_head over the draft's own"),
     "consumer_rope": _warning("rope", "an engine turns the draft's rope at another base than the contract's"),
     "consumer_ties_lm_head": _warning(None, "an engine uses the embedding table as lm_head (tie_word_embeddings)"),
-    "consumer_cannot_load": _warning(None, "vLLM, or SGLang for an eagle config, refuses the draft"),
+    "consumer_cannot_load": _warning(None, "vLLM, SGLang for an eagle config, or speculators for its own, "
+                                            "refuses the draft"),
     "consumer_full_attention": _warning(None, "an engine attends over every token where the draft's layer has a "
-                                              "sliding window (llama.cpp)"),
+                                              "sliding window (llama.cpp, SGLang)"),
 }
 
 

@@ -134,7 +134,9 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
 
     Chains start at every position whose given token x_{t+1} and first label x_{t+2} are part of
     the answer (loss_mask), i.e. the states decoding actually visits.
-    Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth],
+    Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth], ended
+    [N, depth] (the token that depth drafts lies past the answer's end, `eyas.sampled.answer_depths`:
+    decoding stops there, so the chain is cut and no truth is read past it; `eyas.acceptance.counted`),
     and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `answer_greedy(sample,
     lm_head)` when the caller already has it.
 
@@ -154,19 +156,19 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     if greedy is None:  # callers measuring many drafts on one sample pass it in (one full-vocab matmul)
         greedy = answer_greedy(sample, lm_head)
     truth, valid = chain_truth(ids, greedy, depth)
-    truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts]
+    rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)[starts]
+    answered = answer_depths(sample, rows)  # the answer's end cuts a chain: no truth past it
+    truth, valid = truth[: ids.shape[0] - 1][starts], valid[: ids.shape[0] - 1][starts] & answered
     dtype = next(drafter.parameters()).dtype
     next_ids = label_ids(s["input_ids"])  # teacher forcing: x_{t+2} at draft position t
     k = min(top_k, drafter.contract.draft_vocab_size)
-    out = {"truth": truth, "valid": valid}
+    out = {"truth": truth, "valid": valid, "ended": ~answered}
     if prune is not None and at is not None and measure is None:
         topk = _pruned_topk(drafter, s, next_ids, at, truth, valid, depth, k, prune, dtype)
     else:
         states = drafter.forward_ttt(s["features"][None].to(dtype), s["input_ids"][None], depth,
                                      next_ids=next_ids[None], rows=at, logits=False)  # depth x [1, R, H]
         pick = slice(None) if at is not None else starts  # at None: every position was computed
-        if measure is not None:
-            rows = chain_positions(ids.shape[0], depth)[:-1].clamp(max=ids.shape[0] - 1)[starts]
         topk, measured = [], []
         for j, h in enumerate(states):  # the head over the rows forward_ttt's own would take: same products
             logits = drafter.head(h[0])[pick]  # [N, Vd]
@@ -253,7 +255,7 @@ def evaluate_samples(drafter, samples, lm_head: torch.Tensor, *, depth: int = 8,
             for d, c, s in zip(drafters, counts, sampled):
                 part = _predictions(d, sample, lm_head, depth, tree_top_k, tree_d, temperature, greedy, logit_map)
                 if temperature > 0:
-                    s.append((part.pop("measured"), answer_depths(sample, part.pop("rows"))))
+                    s.append((part.pop("measured"), ~part["ended"]))  # the depths inside the answer
                 c.append(sample_counts(part, tree_d))
             if progress is not None:
                 progress(int(sample["loss_mask"].shape[0]))

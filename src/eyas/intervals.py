@@ -27,6 +27,13 @@ SEED = 0  # the same samples give the same interval on every run
 FEW = 20  # fewer samples than this: the intervals are too narrow (see above)
 
 
+def how_made(samples: int) -> dict:
+    """What a report's ci95 says of its intervals: over how many samples, how many resamples, how, and
+    whether they run too narrow (under `FEW` samples: what the text says beside them)."""
+    return {"samples": samples, "resamples": RESAMPLES, "method": "percentile bootstrap over whole samples",
+            "too_narrow": samples < FEW}
+
+
 def resample_weights(samples: int, resamples: int = RESAMPLES, seed: int = SEED) -> Tensor:
     """W [resamples, samples] float64: how often each sample is drawn in each resample (rows sum to
     `samples`)."""

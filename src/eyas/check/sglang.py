@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from eyas.check.view import default_layers, default_note, embeddings, identity_vocab, layer_ids, new_view, refuse
+from eyas.check.view import (default_layers, default_note, embeddings, full_attention, identity_vocab, layer_ids,
+                             new_view, refuse)
 from eyas.codes import finding
 from eyas.contract import IDS, LAYER_TYPES, DraftContract
 from eyas.formats import EAGLE_ARCH, NORM_FLAGS
@@ -45,6 +46,7 @@ CONFIG = "[sglang configs/model_config.py@001adf56]"
 CAPTURE = "[sglang model_executor/model_runner.py + models/llama.py set_eagle3_layers_to_capture, PR #25454]"
 NORMS = "[sglang PR #24663, PR #32334]"
 EMBED = "[sglang speculative/eagle_worker.py]"
+LLAMA = "[sglang models/llama.py@00239548, @bf7a0e23]"
 ROPE = "[sglang layers/rotary_embedding/factory.py@108c36c, rope_variant.py@0b1fd02]"
 MLA_CLASSES = ("Eagle3DeepseekV2ForCausalLM",)  # _derive_model_shapes treats it as an MLA draft
 _OTHER_FLAGS = NORM_FLAGS[1:]
@@ -148,6 +150,8 @@ def sglang_view(reads: str, fmt: str, cfg: dict, c: DraftContract, naming: str |
             f"(LlamaForCausalLMEagle3.__init__) {CLASS}",
             "set tie_word_embeddings to false (eyas convert writes it so)"))
     r["mismatches"] += _rope(c)
+    r["mismatches"] += full_attention(c, f"LlamaAttention builds RadixAttention with no sliding_window_size, whatever "
+                                         f"layer_types says {LLAMA}")
     if not c.has_lm_head and cfg.get("draft_vocab_size") is not None:
         r["mismatches"].append(finding(
             "consumer_lm_head_unloaded", "draft_vocab_size",

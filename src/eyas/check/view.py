@@ -79,3 +79,14 @@ def identity_vocab(c: DraftContract, how: str) -> list[dict[str, str]]:
             finding("consumer_no_vocab_map", "d2t", f"no d2t: {how}", "add the d2t/t2d vocab map from the training run")
         ]
     return []
+
+
+def full_attention(c: DraftContract, how: str) -> list[dict[str, str]]:
+    """A draft layer with a sliding window in an engine that builds full attention for it: every token
+    is attended to, where the draft was trained to see its last `sliding_window`."""
+    if c.sliding_window is None:
+        return []
+    w = c.sliding_window
+    return [finding("consumer_full_attention", "sliding_window", f"attends over every token: {how}, where the "
+                    f"contract's layer attends over its last {w} token{'s' * (w != 1)}", "serve the draft with vLLM, "
+                    "which applies the window (eyas serve-check measures it), or train one without sliding_attention")]

@@ -281,6 +281,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if target_cfg is not None:  # what `eyas check DST --target T` will say of the copy (another verifier, ...)
         copy = read_checkpoint(written.path, verifier_config=target_cfg, strict=False)  # as check reads it
         problems += target_problems(copy.contract, target_facts(target_cfg))
+    completed = any(w["code"] in VOCAB_MAP_COMPLETED for w in source.warnings)  # else every tensor bit-identical
     if args.json:
         print_json(
             {
@@ -291,12 +292,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 "source_files": source.files,
                 "contract": written.contract.to_dict(),
                 "tensors": len(written.tensors),
+                "vocab_map_completed": completed,
                 "warnings": warnings,
                 "problems": problems,
             }
         )
     else:
-        completed = any(w["code"] in VOCAB_MAP_COMPLETED for w in source.warnings)
         same = "the vocab map completed as warned, the others bit-identical" if completed else "bit-identical"
         print(f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors {same}, "
               "contract unchanged")

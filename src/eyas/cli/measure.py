@@ -80,8 +80,7 @@ def format_eval(rep: dict[str, Any]) -> str:
     for j, (acc, n) in enumerate(zip(rep["acceptance_by_depth"], rep["depth_counts"])):
         k, tau = taus[j]
         lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
-    lines.append(f"tau_chain over the {rep['chain_starts']} chain starts whose next {len(taus)} target tokens are "
-                 "known (every k, so tau grows with k; depth-1 counts every position)")
+    lines.append(_tau_starts(rep["chain_starts"], rep["tokens"], len(taus)))
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
     lines += _format_intervals(rep)
@@ -91,9 +90,9 @@ def format_eval(rep: dict[str, Any]) -> str:
                      "(no two answer tokens in a row after the first: an empty loss_mask, or an answer of 2 tokens "
                      "or fewer): not counted")
     if any(math.isnan(t) for t in rep["tau_chain"].values()):
-        lines.append("tau is nan where no chain start stays on the target's greedy path long enough: the stored "
-                     "answers are not the target's greedy ones (regenerate them, e.g. eyas capture) or are too short "
-                     f"for --depth {len(rep['acceptance_by_depth'])} (a smaller --depth measures shorter ones)")
+        lines.append(f"tau is nan where no chain start stays on the target's greedy path for --depth "
+                     f"{len(rep['acceptance_by_depth'])} tokens or to its answer's end: the stored answers are not the "
+                     "target's greedy ones (regenerate them, e.g. eyas capture; a smaller --depth keeps more starts)")
     data, cost = rep["data"], rep["cost"]
     if data.get("answers_temperature"):
         lines.append(f"the answers are sampled (temperature {data['answers_temperature']:g}): the greedy numbers above "
@@ -108,6 +107,16 @@ def format_eval(rep: dict[str, Any]) -> str:
     lines.append(f"cost: {cost['seconds']:.1f} s on {cost['runs_on']} ({cost['dtype']}), {rate} positions/s measured; "
                  f"target tensors read: {', '.join(cost['target_tensors_read']) or 'none'}")
     return "\n".join(lines)
+
+
+def _tau_starts(counted: int, starts: int, depth: int) -> str:
+    """Which chain starts tau_chain is over (`eyas.acceptance.counted`): one set for every k."""
+    rule = "each chain cut where its answer ends, as decoding cuts it (so tau grows with k"
+    if counted == starts:
+        return f"tau_chain over all {starts} chain starts, {rule}, and tau(k) is one figure at any --depth >= k)"
+    return (f"tau_chain over {counted} of the {starts} chain starts, {rule}); left out: {starts - counted} whose "
+            f"stored answer leaves the target's greedy path within {depth} tokens, where its next token is unknown "
+            "(sampled answers, or near-ties rounded otherwise than here: a smaller --depth leaves out fewer)")
 
 
 def _span(bounds: list[float], sign: str = "") -> str:

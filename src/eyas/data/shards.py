@@ -46,6 +46,7 @@ FORMAT_VERSION = 2  # 2: greedy answers are recorded as temperature 0 (1 recorde
 MANIFEST = "manifest.json"
 NORM_DIGEST = "target_norm_sha256"  # TargetRef.norm_digest of the weights captured from (recorded from 2026-12-06)
 KEYS = ("index", "samples", "tokens", "loss_tokens")  # the integers of a manifest's shard entry
+TOTALS = {"num_samples": "samples", "num_tokens": "tokens", "num_loss_tokens": "loss_tokens"}  # sums of entries
 # the manifest's fields that say what its shards hold (capturing._plan); PLAN_DIGEST records their digest
 PLAN_KEYS = ("format", "format_version", "target", "capture_layers", "dtype", "shard_size", "prompts", "generation")
 PLAN_DIGEST = "plan_sha256"  # recorded from 2026-12-07: an edited plan (capture_layers [3, ...]) is refused
@@ -149,13 +150,8 @@ def record_shards(out_dir: Path, manifest: dict, shards: dict[int, dict], *, com
     """List the finished shards and their totals in the manifest, and write it (a capture from before the
     plan's digest was recorded gains it here: its plan was just held against the run's, `same_plan`)."""
     entries = [shards[k] for k in sorted(shards)]
-    manifest.update(
-        shards=entries,
-        num_samples=sum(e["samples"] for e in entries),
-        num_tokens=sum(e["tokens"] for e in entries),
-        num_loss_tokens=sum(e["loss_tokens"] for e in entries),
-        complete=complete,
-    )
+    manifest.update(shards=entries, **{k: sum(e[key] for e in entries) for k, key in TOTALS.items()},
+                    complete=complete)
     manifest.setdefault(PLAN_DIGEST, plan_digest(manifest))
     write_json(out_dir / MANIFEST, manifest)
     return manifest
@@ -452,6 +448,9 @@ def manifest_problem(m: dict) -> str | None:
     again = next((f for i, f in enumerate(files) if f in files[:i]), None)
     if again is not None:  # its samples would be read twice, and could sit on both sides of a held-out split
         return f"field 'shards' lists {again} twice"
+    wrong = next((k for k, key in TOTALS.items() if k in m and m[k] != sum(e[key] for e in shards)), None)
+    if wrong:  # what capture reports of a finished capture, and what a reader would count on
+        return f"field {wrong!r} is {m[wrong]!r}, its shards' entries sum to {sum(e[TOTALS[wrong]] for e in shards)}"
     if not isinstance(m.get(NORM_DIGEST, ""), str):
         return f"field {NORM_DIGEST!r} is {m[NORM_DIGEST]!r}, expected the digest eyas recorded (text)"
     if not isinstance(m.get("skipped_prompts"), list):

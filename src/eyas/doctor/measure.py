@@ -168,9 +168,9 @@ class Measurer:
                     sizes[-1] = len(mean)
         if not parts:
             raise EyasError("no positions to measure", "use prompts that the target answers (or a longer dump)")
-        pred, truth, valid, logprob, kl, uniform = (torch.cat([p[k] for p in parts])
-                                                    for k in ("pred", "truth", "valid", "logprob", "kl", "uniform"))
-        rep = chain_acceptance(pred, truth, valid)
+        pred, truth, valid, ended, logprob, kl, uniform = (
+            torch.cat([p[k] for p in parts]) for k in ("pred", "truth", "valid", "ended", "logprob", "kl", "uniform"))
+        rep = chain_acceptance(pred, truth, valid, ended)
         accepted = accepted_chains(pred, truth, valid).sum(1)  # [P]
         return Outcome(pred[:, 0] == truth[:, 0], accepted, logprob, kl, rep["acceptance_by_depth"],
                        rep["tau_chain"][str(DEPTH)], samples=tuple(sizes), vocabulary=vocab[2],

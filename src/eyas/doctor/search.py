@@ -33,6 +33,7 @@ def _row(rnd: int, name: str, slug: str, out: Outcome, test: dict[str, Any], tes
             "gain_logprob": rounded(test["gain_logprob"]), "p_logprob": test["p_logprob"],
             "drop_kl": rounded(test["drop_kl"]), "p_kl": test["p_kl"], "sd_logprob": rounded(test["sd_logprob"]),
             "gain_depth1": rounded(test["gain_depth1"]), "p_depth1": test["p_depth1"], "p_chain": test["p_chain"],
+            "p_depth1_worse": test["p_depth1_worse"], "p_chain_worse": test["p_chain_worse"],
             "samples_favouring": test["samples_favouring"], "p_samples": test["p_samples"],
             "samples_favouring_kl": test["samples_favouring_kl"], "p_samples_kl": test["p_samples_kl"],
             "loses_acceptance": loses_acceptance(test), "held_back": held_back(test, tests),
