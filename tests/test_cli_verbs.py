@@ -165,9 +165,9 @@ def test_capture_then_eval_and_train(target, draft, shards, prompts, tmp_path, c
     assert rep["tokens"] > 0 and len(rep["acceptance_by_depth"]) == 3 and set(rep["tau_chain"]) == {"1", "2", "3"}
     code, out, _ = run(capsys, "eval", draft, "--data", shards, "--target", target, "--dtype", "float32", "--depth",
                        "3", "--no-progress")  # the text names the chain starts tau is over, as the JSON counts them
-    n, left = rep["tokens"], rep["tokens"] - rep["chain_starts"]
-    assert code == 0 and (f"tau_chain over all {n} chain starts" in out if not left else
-                          f"over {rep['chain_starts']} of the {n} chain starts" in out and f"left out: {left} " in out)
+    cut = rep["chains_cut"]
+    assert code == 0 and rep["chain_starts"] == rep["tokens"] and f"tau_chain over all {rep['tokens']} chain" in out
+    assert (f"; {cut} chain{'s' * (cut != 1)} cut short where" in out) == (cut > 0)
 
     run_flags = ["--data", shards, "--out", tmp_path / "run", "--target", target, "--epochs", "4", "--max-steps", "2",
                  "--batch-tokens", "32", "--no-progress"]

@@ -685,6 +685,8 @@ def test_bad_numbers_in_a_shard_are_named_with_file_key_and_position(tmp_path, c
     (lambda m: m.update(as_recorded(m | {"shards": []})), "no shard is finished"),
     (lambda m: m.update(num_samples=m["num_samples"] + 1), "field 'num_samples' is 6, its shards' entries sum to 5"),
     (lambda m: m.update(num_loss_tokens=0), "field 'num_loss_tokens' is 0, its shards' entries sum to"),
+    (lambda m: m.pop("num_tokens"), "field 'num_tokens' is None, its shards' entries sum to"),  # capture: KeyError
+    (lambda m: m.update(num_tokens=float(m["num_tokens"])), "field 'num_tokens' is "),
 ])
 def test_a_damaged_manifest_is_refused_naming_the_field(tmp_path, captured, edit, says):
     out = copy_capture(captured, tmp_path / "out")

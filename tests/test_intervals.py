@@ -91,7 +91,7 @@ def test_figures_from_per_sample_counts_equal_the_figures_over_all_positions(siz
                          whole["acceptance_by_depth"] + list(whole["tau_chain"].values())):
         assert got == pytest.approx(want, nan_ok=True)
     assert rep["depth_counts"] == whole["depth_counts"]
-    tree = tree_tau(cat["topk"], cat["truth"], cat["valid"], cat["ended"], tree_depth)
+    tree = tree_tau(cat["topk"], cat["truth"], cat["valid"], tree_depth)
     assert rep["tau_tree"]["tau"] == pytest.approx(tree, nan_ok=True)
     assert rep["tokens"] == sum(sizes)
     assert rep["coverage"] == pytest.approx(float(cat["in_vocab"].double().mean()) if sum(sizes) else math.nan,

@@ -9,7 +9,8 @@ every drafted token before j equalled the target's choice. On self-distilled gre
 tokens ARE those choices, so along an accepted chain the draft's own inputs equal the teacher-forced
 inputs and the free-running draft computes exactly what the teacher-forced unroll computes. Where
 the stored token is not the target's greedy choice (prompt text, sampled data) the chain beyond it
-is unknown and is not counted (`valid` is False there).
+is unknown (`valid` is False there): the chain is cut there, as at the answer's end
+(`eyas.acceptance.chain_acceptance`).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def sample_predictions(drafter, sample: dict, lm_head: torch.Tensor, depth: int,
     the answer (loss_mask), i.e. the states decoding actually visits.
     Returns pred [N, depth], topk [N, depth, top_k] (target-vocab ids), truth/valid [N, depth], ended
     [N, depth] (the token that depth drafts lies past the answer's end, `eyas.sampled.answer_depths`:
-    decoding stops there, so the chain is cut and no truth is read past it; `eyas.acceptance.counted`),
+    decoding stops there, so the chain is cut and no truth is read past it; `eyas.acceptance`),
     and in_vocab [N] (the depth-1 truth is in the draft vocab). `greedy`: `answer_greedy(sample,
     lm_head)` when the caller already has it.
 

@@ -38,8 +38,8 @@ def refuse(r: dict[str, Any], why: str, field: str | None = None) -> None:
     r["refused"].append(why)
     if field is not None:
         r["mismatches"].append(finding("consumer_cannot_load", field, f"cannot load {r['reads']}: {why}",
-                                       "make the change the text names after the reason, or serve the draft with "
-                                       "an engine that loads it (eyas inspect DIR: every engine's view)"))
+                                       "make the change named at the end of the reason, or serve the draft with an "
+                                       "engine that loads it (eyas inspect DIR shows every engine's view)"))
 
 
 def layer_ids(cfg: Any) -> list[int] | None:

@@ -298,8 +298,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             }
         )
     else:
-        same = "the vocab map completed as warned, the others bit-identical" if completed else "bit-identical"
-        print(f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors {same}, "
+        same = ": the vocab map completed as warned, the others bit-identical" if completed else " bit-identical"
+        print(f"wrote {written.path} ({args.format}): {', '.join(files)}; {len(written.tensors)} tensors{same}, "
               "contract unchanged")
         for w in warnings + problems:
             print(f"warning: {text_of(w)}")

@@ -80,7 +80,7 @@ def format_eval(rep: dict[str, Any]) -> str:
     for j, (acc, n) in enumerate(zip(rep["acceptance_by_depth"], rep["depth_counts"])):
         k, tau = taus[j]
         lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
-    lines.append(_tau_starts(rep["chain_starts"], rep["tokens"], len(taus)))
+    lines.append(_tau_starts(rep["chain_starts"], rep["chains_cut"]))
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
     lines += _format_intervals(rep)
@@ -89,14 +89,11 @@ def format_eval(rep: dict[str, Any]) -> str:
         lines.append(f"{read - measured} of the {read} samples read have no position the draft can be measured at "
                      "(no two answer tokens in a row after the first: an empty loss_mask, or an answer of 2 tokens "
                      "or fewer): not counted")
-    if any(math.isnan(t) for t in rep["tau_chain"].values()):
-        lines.append(f"tau is nan where no chain start stays on the target's greedy path for --depth "
-                     f"{len(rep['acceptance_by_depth'])} tokens or to its answer's end: the stored answers are not the "
-                     "target's greedy ones (regenerate them, e.g. eyas capture; a smaller --depth keeps more starts)")
     data, cost = rep["data"], rep["cost"]
     if data.get("answers_temperature"):
         lines.append(f"the answers are sampled (temperature {data['answers_temperature']:g}): the greedy numbers above "
-                     "count only chain starts that stay on the target's greedy path (tau along a sampled path)")
+                     "cut each chain where the answer leaves the target's greedy path (tau is a lower bound of greedy "
+                     "serving's)")
     if "sampled" in rep:
         lines += _format_sampled(rep["sampled"])
         if "against" in rep:
@@ -109,14 +106,15 @@ def format_eval(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tau_starts(counted: int, starts: int, depth: int) -> str:
-    """Which chain starts tau_chain is over (`eyas.acceptance.counted`): one set for every k."""
-    rule = "each chain cut where its answer ends, as decoding cuts it (so tau grows with k"
-    if counted == starts:
-        return f"tau_chain over all {starts} chain starts, {rule}, and tau(k) is one figure at any --depth >= k)"
-    return (f"tau_chain over {counted} of the {starts} chain starts, {rule}); left out: {starts - counted} whose "
-            f"stored answer leaves the target's greedy path within {depth} tokens, where its next token is unknown "
-            "(sampled answers, or near-ties rounded otherwise than here: a smaller --depth leaves out fewer)")
+def _tau_starts(starts: int, cut: int) -> str:
+    """What tau_chain is over (`eyas.acceptance.chain_acceptance`), and how many chains it cut short."""
+    line = (f"tau_chain over all {starts} chain starts, each chain cut where its answer ends, as decoding cuts it "
+            "(so tau grows with k, and tau(k) is one figure at any --depth >= k)")
+    if not cut:
+        return line
+    return (f"{line}; {cut} chain{'s' * (cut != 1)} cut short where the stored answer leaves the target's greedy "
+            "path, its next tokens unknown (sampled answers, or near-ties rounded otherwise than here): tau counts "
+            "what they accepted up to there, a lower bound")
 
 
 def _span(bounds: list[float], sign: str = "") -> str:

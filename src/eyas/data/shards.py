@@ -448,9 +448,9 @@ def manifest_problem(m: dict) -> str | None:
     again = next((f for i, f in enumerate(files) if f in files[:i]), None)
     if again is not None:  # its samples would be read twice, and could sit on both sides of a held-out split
         return f"field 'shards' lists {again} twice"
-    wrong = next((k for k, key in TOTALS.items() if k in m and m[k] != sum(e[key] for e in shards)), None)
+    wrong = next((k for k, key in TOTALS.items() if not _ints([m.get(k)]) or m[k] != sum(e[key] for e in shards)), None)
     if wrong:  # what capture reports of a finished capture, and what a reader would count on
-        return f"field {wrong!r} is {m[wrong]!r}, its shards' entries sum to {sum(e[TOTALS[wrong]] for e in shards)}"
+        return f"field {wrong!r} is {m.get(wrong)!r}, its shards' entries sum to {sum(e[TOTALS[wrong]] for e in shards)}"
     if not isinstance(m.get(NORM_DIGEST, ""), str):
         return f"field {NORM_DIGEST!r} is {m[NORM_DIGEST]!r}, expected the digest eyas recorded (text)"
     if not isinstance(m.get("skipped_prompts"), list):

@@ -320,8 +320,9 @@ def complete_vocab_map(
                             "stores (engines read d2t only)", "none needed; eyas convert stores it as bool"))
     if t2d is None:
         out["t2d"] = torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, targets, True)
-        said.append(finding("t2d_derived", "t2d", f"{where}no t2d: derived from d2t (engines read d2t only)",
-                            "none needed; eyas convert stores both"))
+        said.append(finding("t2d_derived", "t2d", f"{where}no t2d: derived from d2t (vLLM, SGLang and llama.cpp read "
+                            "d2t only; speculators needs t2d stored)", "none to serve it; for speculators, eyas convert "
+                            "stores both"))
     return out, said
 
 
