@@ -24,7 +24,7 @@ import eyas.devices as devices
 from eyas.contract import default_capture_layers
 from eyas.data import Prompt, capture, open_shards, read_prompts
 from eyas.data.prompts import _json_array_items
-from eyas.data.shards import MANIFEST, NORM_DIGEST, TOTALS, plan_digest, text_sha256
+from eyas.data.shards import MANIFEST, NORM_DIGEST, plan_digest, text_sha256, totals
 from eyas.errors import ContractError, EyasError, FormatError
 from eyas.shift import shift_for_draft
 from eyas.target import Target, TargetRef
@@ -442,7 +442,7 @@ def test_open_shards_bad_manifest(tmp_path):
 def as_recorded(m: dict) -> dict:
     """`m` with its totals summed from its shard entries, as eyas records them (`record_shards`): what a
     capture stopped at that entry list would hold."""
-    return m | {k: sum(e[key] for e in m["shards"]) for k, key in TOTALS.items()}
+    return m | totals(m["shards"])
 
 
 def copy_capture(src: Path, dst: Path) -> Path:

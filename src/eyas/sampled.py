@@ -140,8 +140,8 @@ def alpha_measure(drafter, sample: dict, lm_head: Tensor, temperature: float, to
 def _accepted_sum(alpha: Tensor, valid: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(sum of E[accepted tokens among the first k], how many starts): over every start, the expectation
     of each being sum_{j<=k} prod_{i<=j} alpha_i, its chain cut where its answer ends (`valid`, from
-    `answer_depths`), as decoding cuts it (as `eyas.acceptance.chain_acceptance` cuts the greedy figures' chains).
-    alpha, valid [N, K]."""
+    `answer_depths`), as decoding cuts it and as `eyas.acceptance.chain_acceptance` cuts the greedy
+    figures' chains. alpha, valid [N, K]."""
     rows = valid[:, 0]
     return (alpha * valid).double()[rows, :k].cumprod(1).sum(1).sum(), rows.sum().double()
 

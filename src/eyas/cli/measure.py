@@ -80,7 +80,7 @@ def format_eval(rep: dict[str, Any]) -> str:
     for j, (acc, n) in enumerate(zip(rep["acceptance_by_depth"], rep["depth_counts"])):
         k, tau = taus[j]
         lines.append(f"{j + 1:>5}  {acc:>10.3f}  {n:>9}   | {k:>2}  {tau:>9.3f}")
-    lines.append(_tau_starts(rep["chain_starts"], rep["chains_cut"]))
+    lines.append(_tau_line(rep["chain_starts"], rep["chains_cut"]))
     t = rep["tau_tree"]
     lines.append(f"tree (top-{t['top_k']}, depth {t['depth']}, along the greedy path): tau {t['tau']:.3f}")
     lines += _format_intervals(rep)
@@ -106,7 +106,7 @@ def format_eval(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tau_starts(starts: int, cut: int) -> str:
+def _tau_line(starts: int, cut: int) -> str:
     """What tau_chain is over (`eyas.acceptance.chain_acceptance`), and how many chains it cut short."""
     line = (f"tau_chain over all {starts} chain starts, each chain cut where its answer ends, as decoding cuts it "
             "(so tau grows with k, and tau(k) is one figure at any --depth >= k)")

@@ -100,7 +100,7 @@ def start_manifest(out_dir: Path, plan: dict, skipped: list, norm_digest: str | 
         return old
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {**plan, "fingerprint": fingerprint, "eyas_version": _eyas_version(), "skipped_prompts": skipped,
-                "shards": [], "num_samples": 0, "num_tokens": 0, "num_loss_tokens": 0, "complete": False,
+                "shards": [], **totals([]), "complete": False,
                 PLAN_DIGEST: plan_digest(plan)}
     if norm_digest is not None:
         manifest[NORM_DIGEST] = norm_digest
@@ -146,12 +146,16 @@ def plan_digest(manifest: dict) -> str:
     return text_sha256(json.dumps({k: manifest.get(k) for k in PLAN_KEYS}, sort_keys=True))
 
 
+def totals(entries: list[dict]) -> dict[str, int]:
+    """The manifest's totals (TOTALS) of its shard entries: what record_shards writes, manifest_problem checks."""
+    return {k: sum(e[key] for e in entries) for k, key in TOTALS.items()}
+
+
 def record_shards(out_dir: Path, manifest: dict, shards: dict[int, dict], *, complete: bool) -> dict:
     """List the finished shards and their totals in the manifest, and write it (a capture from before the
     plan's digest was recorded gains it here: its plan was just held against the run's, `same_plan`)."""
     entries = [shards[k] for k in sorted(shards)]
-    manifest.update(shards=entries, **{k: sum(e[key] for e in entries) for k, key in TOTALS.items()},
-                    complete=complete)
+    manifest.update(shards=entries, **totals(entries), complete=complete)
     manifest.setdefault(PLAN_DIGEST, plan_digest(manifest))
     write_json(out_dir / MANIFEST, manifest)
     return manifest
@@ -396,19 +400,16 @@ def read_manifest(folder: Path) -> dict:
                           f"expected {FORMAT!r}", "point at a folder written by `eyas capture`")
     manifest = _upgrade(manifest)
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise FormatError(
-            f"{path}: format_version {manifest.get('format_version')}, this eyas reads 1 to {FORMAT_VERSION}",
-            "capture the data again with this eyas version",
-        )
-    problem = manifest_problem(manifest)
-    if problem:
+        raise FormatError(f"{path}: format_version {manifest.get('format_version')}, this eyas reads 1 to "
+                          f"{FORMAT_VERSION}", "capture the data again with this eyas version")
+    if problem := manifest_problem(manifest):
         raise FormatError(f"{path}: {problem}", "the manifest was edited or damaged: capture the data again")
     recorded = manifest.get(PLAN_DIGEST)  # absent: a capture from before it was recorded
     if recorded is not None and recorded != (now := plan_digest(manifest)):
         raise FormatError(f"{path}: its fields {', '.join(PLAN_KEYS[2:])} are not those the shards were captured "
-                          f"under (their digest is {now[:16]}, {PLAN_DIGEST} recorded {recorded[:16]})", "the manifest was edited: restore it as captured (a "
-                          "changed capture_layers trains a draft wired to layers its features are not from), or "
-                          "capture the data again")
+                          f"under (their digest is {now[:16]}, {PLAN_DIGEST} recorded {recorded[:16]})",
+                          "the manifest was edited: restore it as captured (a changed capture_layers trains a draft "
+                          "wired to layers its features are not from), or capture the data again")
     return manifest
 
 
@@ -448,9 +449,9 @@ def manifest_problem(m: dict) -> str | None:
     again = next((f for i, f in enumerate(files) if f in files[:i]), None)
     if again is not None:  # its samples would be read twice, and could sit on both sides of a held-out split
         return f"field 'shards' lists {again} twice"
-    wrong = next((k for k, key in TOTALS.items() if not _ints([m.get(k)]) or m[k] != sum(e[key] for e in shards)), None)
-    if wrong:  # what capture reports of a finished capture, and what a reader would count on
-        return f"field {wrong!r} is {m.get(wrong)!r}, its shards' entries sum to {sum(e[TOTALS[wrong]] for e in shards)}"
+    summed = totals(shards)  # what capture reports of a finished capture, and what a reader would count on
+    if wrong := next((k for k, n in summed.items() if not _ints([m.get(k)]) or m[k] != n), None):
+        return f"field {wrong!r} is {m.get(wrong)!r}, its shards' entries sum to {summed[wrong]}"
     if not isinstance(m.get(NORM_DIGEST, ""), str):
         return f"field {NORM_DIGEST!r} is {m[NORM_DIGEST]!r}, expected the digest eyas recorded (text)"
     if not isinstance(m.get("skipped_prompts"), list):
